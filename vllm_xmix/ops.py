@@ -1,0 +1,64 @@
+"""Custom ops (library ``vllm_xmix``) called from the hook points.
+
+``torch.ops.vllm_xmix.hook_write_(h, site)``: apply every write deployed at hook site ``site``
+(an index into the model's :class:`~vllm_xmix.runtime.XmixState`) to ``h`` ``[T, d_model]`` in
+place. It declares ``mutates_args=["h"]`` so torch.compile keeps it and orders it (an op with no
+declared mutation and no used output is dead-code eliminated, see research notes section 3.1),
+and it is opaque to Dynamo/Inductor. The per-step data it reads (``tok_slot``, ``coef``) is found
+through vLLM's forward context at call time, not traced as globals, so the AOT compile cache
+stays valid and CUDA-graph replays read the current buffer contents.
+
+Registered at plugin load (``register()``), in every process, before any model is built, so that
+AOT-compiled artifacts referring to ``torch.ops.vllm_xmix.*`` resolve.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import Library
+
+from .kernels.steer_add import steer_add
+from .runtime import STATE_KEY
+
+_LIB: Library | None = None
+
+
+def _state():
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        raise RuntimeError("vllm_xmix: hook op called outside a vLLM forward context")
+    st = get_forward_context().no_compile_layers.get(STATE_KEY)
+    if st is None:
+        raise RuntimeError("vllm_xmix: hook op called but this model has no xmix state")
+    return st
+
+
+def hook_write_(h: torch.Tensor, site: int) -> None:
+    st = _state()
+    st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
+    steer_add(h, st.tok_slot, st.coef, st.site_entries[site], st.vectors)
+
+
+def hook_write_fake(h: torch.Tensor, site: int) -> None:
+    return None
+
+
+def register_ops() -> None:
+    """Define ``vllm_xmix::hook_write_`` once per process (idempotent)."""
+    global _LIB
+    if _LIB is not None:
+        return
+    if hasattr(torch.ops, "vllm_xmix") and hasattr(torch.ops.vllm_xmix, "hook_write_"):
+        return
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    lib = Library("vllm_xmix", "FRAGMENT")
+    direct_register_custom_op(
+        op_name="hook_write_",
+        op_func=hook_write_,
+        mutates_args=["h"],
+        fake_impl=hook_write_fake,
+        target_lib=lib,
+    )
+    _LIB = lib

@@ -1,0 +1,296 @@
+"""Worker-side runtime: the device buffers ("MI scheduler field"), the request registry and the
+per-step fill. One :class:`XmixState` per model instance; it lives in vLLM's
+``compilation_config.static_forward_context["vllm_xmix"]`` so that the custom op finds it through
+the forward context (no process globals: several engines in one process stay separate).
+
+Buffers (allocated once at model construction, never reallocated: CUDA graphs bake addresses):
+
+* ``tok_slot``  int32 ``[max_tokens]``: per token of the current step, the slot of its request;
+  0 is the null slot (no app on), so padding and app-free requests are inert.
+* ``coef``      float32 ``[max_slots, n_entries]``: per slot, one coefficient per
+  (app, op, layer) entry; row 0 stays zero.
+* ``vectors``   float32 ``[n_entries, d_model]``: the steering vector of each entry.
+* ``site_entries[site]`` int32: the entries attached at one hook site (layer, hook).
+
+Per step (before the forward, on the forward's stream): ``tok_slot[:n]`` is uploaded from a
+pinned staging ring, and coefficient rows of requests that got a slot this step. Nothing here
+reads device data back, so async scheduling keeps its overlap.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .spec import (
+    CONFIG_KEY,
+    DeploymentConfig,
+    XmixSpecError,
+    load_vector,
+    parse_deployment,
+    parse_request_apps,
+    resolve_layers,
+)
+
+logger = logging.getLogger("vllm.xmix")
+
+STATE_KEY = "vllm_xmix"
+NULL_SLOT = 0
+
+
+@dataclass(frozen=True)
+class Entry:
+    app: str
+    op: int
+    layer: int
+    hook: str
+    default_scale: float
+
+
+@dataclass
+class _Stage:
+    tok: torch.Tensor
+    rows: torch.Tensor
+    idx: torch.Tensor
+    event: object | None = None
+
+
+@dataclass
+class XmixState:
+    """Per-model-instance MI runtime state. See the module docstring for the buffers."""
+
+    deployment: DeploymentConfig
+    n_layers: int
+    d_model: int
+    device: torch.device
+    max_tokens: int
+    max_slots: int
+    entries: list[Entry] = field(default_factory=list)
+    sites: dict[tuple[int, str], int] = field(default_factory=dict)
+    installed: set[int] = field(default_factory=set)
+    calls: list[int] = field(default_factory=list)
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def build(cls, deployment: DeploymentConfig, n_layers: int, d_model: int, device: torch.device,
+              max_tokens: int, max_slots: int) -> "XmixState":
+        st = cls(deployment, n_layers, d_model, torch.device(device), max_tokens, max_slots)
+        vecs = []
+        per_site: dict[tuple[int, str], list[int]] = {}
+        for ai, app in enumerate(deployment.apps):
+            for oi, op in enumerate(app.ops):
+                f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}"
+                v = load_vector(op.vector, f + ".vector")
+                if v.shape[0] != d_model:
+                    raise XmixSpecError(f"{f}.vector: length {v.shape[0]} != d_model {d_model}")
+                for L in resolve_layers(op.layers, n_layers, f + ".layers"):
+                    per_site.setdefault((L, op.hook), []).append(len(st.entries))
+                    st.entries.append(Entry(app.name, oi, L, op.hook, op.scale))
+                    vecs.append(v)
+        for key in sorted(per_site):
+            st.sites[key] = len(st.sites)
+        dev = st.device
+        st.tok_slot = torch.zeros(max_tokens, dtype=torch.int32, device=dev)
+        st.coef = torch.zeros(max_slots, max(1, len(st.entries)), dtype=torch.float32, device=dev)
+        st.vectors = (torch.from_numpy(np.stack(vecs)) if vecs else torch.zeros(1, d_model)).to(dev)
+        st.site_entries = [None] * len(st.sites)
+        for key, sid in st.sites.items():
+            st.site_entries[sid] = torch.tensor(per_site[key], dtype=torch.int32, device=dev)
+        st.site_names = {sid: f"blocks.{L}.{h}" for (L, h), sid in st.sites.items()}
+        st.calls = [0] * len(st.sites)
+        st._app_entries = {}
+        for e_idx, e in enumerate(st.entries):
+            st._app_entries.setdefault(e.app, []).append(e_idx)
+        # request registry
+        st.req_rows: dict[str, np.ndarray] = {}
+        st.req_slot: dict[str, int] = {}
+        st.free_slots = list(range(max_slots - 1, 0, -1))
+        st.pending_rows: list[tuple[int, np.ndarray]] = []
+        st.high_water = 0
+        st.forwards = 0
+        st.verified = False
+        pin = dev.type == "cuda"
+        st._ring = [
+            _Stage(
+                tok=torch.zeros(max_tokens, dtype=torch.int32, pin_memory=pin),
+                rows=torch.zeros(max_slots, st.coef.shape[1], dtype=torch.float32, pin_memory=pin),
+                idx=torch.zeros(max_slots, dtype=torch.int64, pin_memory=pin),
+            )
+            for _ in range(3)
+        ]
+        st._ring_pos = 0
+        return st
+
+    def site_id(self, layer: int, hook: str) -> int | None:
+        return self.sites.get((layer, hook))
+
+    # ---------------------------------------------------------------- requests
+    def request_row(self, extra_args: dict | None) -> np.ndarray | None:
+        """Coefficient row ``[n_entries]`` float32 for a request, or None if no app is on."""
+        if not extra_args or CONFIG_KEY not in extra_args:
+            return None
+        apps = parse_request_apps(extra_args[CONFIG_KEY], field="extra_args.xmix")
+        if not apps:
+            return None
+        row = np.zeros(self.coef.shape[1], dtype=np.float32)
+        for ra in apps:
+            if ra.name not in self._app_entries:
+                raise XmixSpecError(f"extra_args.xmix: unknown app {ra.name!r}")
+            layers = set(ra.layers) if ra.layers is not None else None
+            for e_idx in self._app_entries[ra.name]:
+                e = self.entries[e_idx]
+                if layers is not None and e.layer not in layers:
+                    continue
+                row[e_idx] = e.default_scale if ra.scale is None else ra.scale
+        return row if row.any() else None
+
+    def update_requests(self, scheduler_output) -> None:
+        """Registry update from a SchedulerOutput (called before the runner's own update)."""
+        for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():
+            self.req_rows.pop(rid, None)
+            self._free(rid)
+        for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            self._free(rid)  # keep the row: the request comes back
+        for nr in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
+            sp = getattr(nr, "sampling_params", None)
+            row = self.request_row(sp.extra_args if sp is not None else None)
+            self._free(nr.req_id)
+            if row is None:
+                self.req_rows.pop(nr.req_id, None)
+            else:
+                self.req_rows[nr.req_id] = row
+
+    def _free(self, rid: str) -> None:
+        s = self.req_slot.pop(rid, None)
+        if s is not None:
+            self.free_slots.append(s)
+
+    def _slot_for(self, rid: str) -> int:
+        row = self.req_rows.get(rid)
+        if row is None:
+            return NULL_SLOT
+        s = self.req_slot.get(rid)
+        if s is None:
+            if not self.free_slots:
+                raise RuntimeError(
+                    f"vllm_xmix: out of request slots ({self.max_slots - 1}); more steered requests "
+                    "are scheduled than max_num_seqs allows"
+                )
+            s = self.free_slots.pop()
+            self.req_slot[rid] = s
+            self.pending_rows.append((s, row))
+        return s
+
+    # ---------------------------------------------------------------- per step
+    def fill(self, req_ids, num_scheduled_tokens: np.ndarray, n_padded: int | None = None) -> None:
+        """Write ``tok_slot`` for this step's tokens (batch order) and upload new slot rows.
+
+        ``req_ids``: batch-ordered request ids; ``num_scheduled_tokens``: int array, same order.
+        ``n_padded``: the padded token count when known (V2), else padding relies on the
+        invariant that ``tok_slot`` is zero beyond the last written non-null token.
+        """
+        self.forwards += 1
+        if not self.req_rows and self.high_water == 0 and not self.pending_rows:
+            return  # fast path: no app on anywhere; tok_slot is all null already
+        n_req = len(num_scheduled_tokens)
+        slots = np.fromiter((self._slot_for(r) for r in req_ids[:n_req]), dtype=np.int32, count=n_req)
+        T = int(num_scheduled_tokens.sum())
+        any_on = bool(slots.any())
+        if not any_on and self.high_water == 0 and not self.pending_rows:
+            return
+        n = max(T, self.high_water)
+        if n_padded is not None:
+            n = max(n, min(n_padded, self.max_tokens))
+        if T > self.max_tokens:
+            raise RuntimeError(f"vllm_xmix: {T} tokens in a step > buffer size {self.max_tokens}")
+        stage = self._next_stage()
+        tok = stage.tok.numpy()
+        tok[:T] = np.repeat(slots, num_scheduled_tokens)
+        tok[T:n] = NULL_SLOT
+        self.tok_slot[:n].copy_(stage.tok[:n], non_blocking=True)
+        if self.pending_rows:
+            k = len(self.pending_rows)
+            for i, (s, row) in enumerate(self.pending_rows):
+                stage.idx[i] = s
+                stage.rows[i].numpy()[:] = row
+            self.pending_rows.clear()
+            rows = stage.rows[:k].to(self.device, non_blocking=True)
+            idx = stage.idx[:k].to(self.device, non_blocking=True)
+            self.coef.index_copy_(0, idx, rows)
+        if stage.event is not None:
+            stage.event.record()
+        self.high_water = T if any_on else 0
+
+    def _next_stage(self) -> _Stage:
+        stage = self._ring[self._ring_pos]
+        self._ring_pos = (self._ring_pos + 1) % len(self._ring)
+        if self.device.type == "cuda":
+            if stage.event is None:
+                stage.event = torch.cuda.Event()
+            else:
+                stage.event.synchronize()  # the H2D copy that last read this buffer is done
+        return stage
+
+    # ---------------------------------------------------------------- checks
+    def verify_hooks_fired(self) -> None:
+        """Fail loudly if a deployed hook site is missing from the model or was never executed
+        (e.g. a torch.compile cache traced without it)."""
+        if self.verified or self.forwards == 0:
+            return
+        missing = [self.site_names[s] for s in range(len(self.sites)) if s not in self.installed]
+        if missing:
+            raise RuntimeError(
+                f"vllm_xmix: deployed hook sites {missing} were not installed on the model "
+                "(unsupported architecture or layer class)"
+            )
+        silent = [self.site_names[s] for s in range(len(self.sites)) if self.calls[s] == 0]
+        if silent:
+            raise RuntimeError(
+                f"vllm_xmix: hook sites {silent} never executed although the model ran: the "
+                "compiled graph does not contain them (stale torch.compile cache?). Clear "
+                "VLLM_CACHE_ROOT/torch_compile_cache or set VLLM_DISABLE_COMPILE_CACHE=1."
+            )
+        self.verified = True
+
+
+# -------------------------------------------------------------------- lookup helpers
+
+
+def get_state_from_config(vllm_config) -> XmixState | None:
+    return vllm_config.compilation_config.static_forward_context.get(STATE_KEY)
+
+
+def get_or_create_state(vllm_config, layer: torch.nn.Module | None = None) -> XmixState | None:
+    """Called at decoder-layer construction (inside vLLM's model init, in the worker).
+
+    The buffers go on the device of ``layer``'s parameters (the model's device)."""
+    ctx = vllm_config.compilation_config.static_forward_context
+    st = ctx.get(STATE_KEY)
+    if st is not None:
+        return st
+    add = vllm_config.additional_config
+    raw = add.get(CONFIG_KEY) if isinstance(add, dict) else None
+    if raw is None:
+        return None
+    dep = parse_deployment(raw)
+    hf = vllm_config.model_config.hf_config
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    sched = vllm_config.scheduler_config
+    max_tokens = max(int(sched.max_num_batched_tokens),
+                     int(getattr(vllm_config.compilation_config, "max_cudagraph_capture_size", 0) or 0))
+    device = None
+    if layer is not None:
+        p = next(layer.parameters(), None)
+        if p is not None and p.device.type != "meta":
+            device = p.device
+    if device is None:
+        device = vllm_config.device_config.device or torch.device("cpu")
+    st = XmixState.build(dep, text.num_hidden_layers, text.hidden_size, device, max_tokens,
+                         int(sched.max_num_seqs) + 1)
+    ctx[STATE_KEY] = st
+    logger.info("vllm_xmix: %d app(s), %d hook site(s), %d entries on %s", len(dep.apps),
+                len(st.sites), len(st.entries), device)
+    return st

@@ -1,0 +1,543 @@
+"""MI app specifications: the builder users write, the plain data it lowers to, validation.
+
+An *app* is plain data (pydantic models, JSON-serialisable): a name and a list of ops. The
+builder (``MIApp("name").write("add", vector=v).layers([3, 5]).submodule("hook_resid_post")``)
+follows the xMIx paper's programming interface (Blum et al., section 4.1) and produces that data.
+Apps are *deployed* when the engine starts (``LLM(..., additional_config=deploy(app, ...))``), so
+the set of hook sites is part of vLLM's config hash and therefore of the torch.compile cache key.
+Requests then only *switch* deployed apps on, with their own scale
+(``SamplingParams(mi_apps=[{"name": "happy", "scale": 4.0}])``).
+
+Supported now (the spine): the write kind ``add`` (activation addition, Turner et al. 2023,
+"Steering language models with activation engineering": ``h += scale * v``) at
+``blocks.{L}.hook_resid_post``. Reads, other write kinds and conditions are part of the spec
+language but are rejected with a clear ``ValueError`` until they are implemented: a declared op
+never silently does nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from typing import Any, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+#: Key under ``additional_config`` (deployment) and ``SamplingParams.extra_args`` (request).
+CONFIG_KEY = "xmix"
+
+#: TransformerLens hook names (per decoder layer) that the runtime can attach ops to.
+SUPPORTED_HOOKS: tuple[str, ...] = ("hook_resid_post",)
+#: All TransformerLens names the spec language knows; the others are "not yet supported".
+KNOWN_HOOKS: tuple[str, ...] = (
+    "hook_resid_pre",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_out",
+    "hook_resid_post",
+    "mlp.hook_router_logits",
+)
+SUPPORTED_WRITE_KINDS: tuple[str, ...] = ("add",)
+KNOWN_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp", "router_bias")
+KNOWN_READ_KINDS: tuple[str, ...] = ("capture", "linear_probe")
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
+
+
+class XmixSpecError(ValueError):
+    """A bad app spec or request: the message names the offending field."""
+
+
+def _hook_name(hook: str) -> str:
+    """Normalise ``"resid_post"``, ``"hook_resid_post"`` or ``"blocks.{L}.hook_resid_post"``."""
+    if not isinstance(hook, str):
+        raise XmixSpecError(f"submodule: expected a hook name string, got {type(hook).__name__}")
+    h = re.sub(r"^blocks\.(\d+|\{L\})\.", "", hook.strip())
+    if h in KNOWN_HOOKS:
+        return h
+    if "hook_" + h in KNOWN_HOOKS:
+        return "hook_" + h
+    raise XmixSpecError(
+        f"submodule: unknown hook {hook!r}; known TransformerLens hook names: {', '.join(KNOWN_HOOKS)}"
+    )
+
+
+class VectorFile(BaseModel):
+    """A vector stored in a file: ``.safetensors`` (``key`` names the tensor; optional when the
+    file holds one), ``.pt``/``.pth`` (a tensor, or a dict with ``key``) or ``.npy``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    path: str
+    key: str | None = None
+
+
+class WriteOp(BaseModel):
+    """One write: ``kind`` applied at ``blocks.{L}.{hook}`` for every ``L`` in ``layers``.
+
+    Fields:
+        kind: ``"add"``: ``h[t] += scale * vector`` for every token ``t`` of a request that has
+            the app on (prompt and generated tokens).
+        hook: TransformerLens hook name (``hook_resid_post``: the residual stream after layer L,
+            i.e. what layer L+1 reads; on vLLM's fused stream that is ``hidden + residual``).
+        layers: decoder-layer indices (0-based) or ``"all"``.
+        vector: float values, length ``d_model`` (the model's hidden size), or a ``VectorFile``.
+        scale: default coefficient; a request may override it.
+        cond: reserved for conditional writes (not yet supported: rejected).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    primitive: Literal["write"] = "write"
+    kind: str = "add"
+    hook: str = "hook_resid_post"
+    layers: Union[list[int], Literal["all"]] = "all"
+    vector: Union[list[float], VectorFile]
+    scale: float = 1.0
+    cond: dict[str, Any] | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in KNOWN_WRITE_KINDS:
+            raise ValueError(f"unknown write kind {v!r}; known: {', '.join(KNOWN_WRITE_KINDS)}")
+        if v not in SUPPORTED_WRITE_KINDS:
+            raise ValueError(f"write kind {v!r} is not yet supported (supported: {', '.join(SUPPORTED_WRITE_KINDS)})")
+        return v
+
+    @field_validator("hook")
+    @classmethod
+    def _hook(cls, v: str) -> str:
+        h = _hook_name(v)
+        if h not in SUPPORTED_HOOKS:
+            raise ValueError(f"hook {h!r} is not yet supported for writes (supported: {', '.join(SUPPORTED_HOOKS)})")
+        return h
+
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, v):
+        if v == "all":
+            return v
+        if len(v) == 0:
+            raise ValueError("empty list")
+        if any(isinstance(x, bool) for x in v):
+            raise ValueError("booleans are not layer indices")
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate layer indices in {v}")
+        if any(x < 0 for x in v):
+            raise ValueError(f"negative layer index in {v}")
+        return sorted(v)
+
+    @field_validator("vector")
+    @classmethod
+    def _vector(cls, v):
+        if isinstance(v, list):
+            if len(v) == 0:
+                raise ValueError("empty")
+            if not all(math.isfinite(x) for x in v):
+                raise ValueError("contains NaN or inf")
+        return v
+
+    @field_validator("scale")
+    @classmethod
+    def _scale(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError(f"must be finite, got {v}")
+        return v
+
+    @field_validator("cond")
+    @classmethod
+    def _cond(cls, v):
+        if v is not None:
+            raise ValueError("conditional writes are not yet supported (token- and "
+                             "activation-triggered conditions come with the conditional-write runtime)")
+        return v
+
+
+class AppSpec(BaseModel):
+    """A deployable MI app: a name and its ops. Identity is :meth:`content_hash`."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    ops: list[WriteOp] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"{v!r} must match {_NAME_RE.pattern}")
+        return v
+
+    def content_hash(self) -> str:
+        """sha256 (hex, 16 chars) of the canonical JSON: same name, different vector => different app."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class DeploymentConfig(BaseModel):
+    """``additional_config["xmix"]``: the apps compiled into this engine."""
+
+    model_config = ConfigDict(extra="forbid")
+    apps: list[AppSpec] = Field(default_factory=list)
+
+    @field_validator("apps")
+    @classmethod
+    def _unique(cls, v: list[AppSpec]) -> list[AppSpec]:
+        names = [a.name for a in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate app names {dup}")
+        return v
+
+    def app(self, name: str) -> AppSpec:
+        for a in self.apps:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+
+class RequestApp(BaseModel):
+    """One app switched on for one request.
+
+    Fields:
+        name: a deployed app's name.
+        scale: coefficient for every op of the app (default: the op's deployed ``scale``);
+            a finite float (``bool`` and strings are rejected).
+        layers: optional subset of the app's deployed layers to apply on this request.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    scale: float | None = None
+    layers: list[int] | None = None
+
+    @field_validator("scale", mode="before")
+    @classmethod
+    def _scale(cls, v):
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"expected a number, got {type(v).__name__} {v!r}")
+        v = float(v)
+        if not math.isfinite(v):
+            raise ValueError(f"must be finite, got {v}")
+        return v
+
+
+# --------------------------------------------------------------------------------------------
+# errors
+
+
+def _fmt_validation_error(prefix: str, e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        msg = err.get("msg", "")
+        msg = msg.removeprefix("Value error, ")
+        parts.append(f"{prefix}{'.' + loc if loc else ''}: {msg}")
+    return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# deployment
+
+
+def parse_deployment(raw: Any) -> DeploymentConfig:
+    """Parse ``additional_config["xmix"]`` (a dict, an :class:`MIApp` list, or a JSON string).
+
+    Raises:
+        XmixSpecError: naming the offending field (``xmix.apps.0.ops.0.vector: ...``).
+    """
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise XmixSpecError(f"additional_config.xmix: not valid JSON ({e})") from None
+    if isinstance(raw, DeploymentConfig):
+        return raw
+    try:
+        return DeploymentConfig.model_validate(raw)
+    except ValidationError as e:
+        raise XmixSpecError(_fmt_validation_error("additional_config.xmix", e)) from None
+
+
+def load_vector(ref: list[float] | VectorFile, field: str) -> np.ndarray:
+    """Load a vector as float32 numpy ``[d]``.
+
+    Raises:
+        XmixSpecError: missing file, unknown key, not 1-D, non-finite values.
+    """
+    if isinstance(ref, list):
+        arr = np.asarray(ref, dtype=np.float32)
+    else:
+        path = os.path.expanduser(ref.path)
+        if not os.path.exists(path):
+            raise XmixSpecError(f"{field}.path: file not found: {path}")
+        try:
+            if path.endswith(".safetensors"):
+                from safetensors.numpy import load_file
+
+                tensors = load_file(path)
+                if ref.key is None:
+                    if len(tensors) != 1:
+                        raise XmixSpecError(f"{field}.key: {path} holds {sorted(tensors)}; name one")
+                    arr = next(iter(tensors.values()))
+                elif ref.key not in tensors:
+                    raise XmixSpecError(f"{field}.key: {ref.key!r} not in {path} (has {sorted(tensors)})")
+                else:
+                    arr = tensors[ref.key]
+            elif path.endswith((".pt", ".pth")):
+                import torch
+
+                obj = torch.load(path, map_location="cpu", weights_only=True)
+                if isinstance(obj, dict):
+                    if ref.key is None or ref.key not in obj:
+                        raise XmixSpecError(f"{field}.key: {ref.key!r} not in {path} (has {sorted(obj)})")
+                    obj = obj[ref.key]
+                arr = obj.detach().float().numpy()
+            elif path.endswith(".npy"):
+                arr = np.load(path, allow_pickle=False)
+            else:
+                raise XmixSpecError(f"{field}.path: unsupported file type {path} (.safetensors, .pt, .npy)")
+        except XmixSpecError:
+            raise
+        except Exception as e:  # corrupt file etc.
+            raise XmixSpecError(f"{field}.path: cannot read {path}: {e}") from None
+        arr = np.asarray(arr, dtype=np.float32)
+    if arr.ndim != 1:
+        raise XmixSpecError(f"{field}: expected a 1-D vector [d_model], got shape {list(arr.shape)}")
+    if not np.isfinite(arr).all():
+        raise XmixSpecError(f"{field}: contains NaN or inf")
+    return arr
+
+
+def resolve_layers(layers: list[int] | str, n_layers: int, field: str) -> list[int]:
+    if layers == "all":
+        return list(range(n_layers))
+    bad = [x for x in layers if not 0 <= x < n_layers]
+    if bad:
+        raise XmixSpecError(f"{field}: layer index {bad[0]} out of range [0, {n_layers}) for this model")
+    return list(layers)
+
+
+def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int) -> None:
+    """Check a deployment against the model (layer range, vector size, finiteness).
+
+    Raises:
+        XmixSpecError: naming the field, e.g. ``xmix.apps[0](happy).ops[0].vector: length 63 != d_model 64``.
+    """
+    for ai, app in enumerate(dep.apps):
+        for oi, op in enumerate(app.ops):
+            f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}"
+            resolve_layers(op.layers, n_layers, f + ".layers")
+            vec = load_vector(op.vector, f + ".vector")
+            if vec.shape[0] != d_model:
+                raise XmixSpecError(f"{f}.vector: length {vec.shape[0]} != d_model {d_model} of this model")
+
+
+# --------------------------------------------------------------------------------------------
+# request
+
+
+def _coerce_request_list(raw: Any, field: str) -> list[Any]:
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise XmixSpecError(f"{field}: not valid JSON ({e})") from None
+    if isinstance(raw, dict):
+        if "apps" not in raw or set(raw) - {"apps"}:
+            raise XmixSpecError(f"{field}: expected {{'apps': [...]}}, got keys {sorted(raw)}")
+        raw = raw["apps"]
+    if isinstance(raw, (str, dict)) or not isinstance(raw, (list, tuple)):
+        raise XmixSpecError(f"{field}: expected a list of apps, got {type(raw).__name__}")
+    return list(raw)
+
+
+def parse_request_apps(raw: Any, field: str = "mi_apps") -> list[RequestApp]:
+    """Parse a request's app selection without a deployment (structure, types, finiteness).
+
+    Accepts a list whose items are app names or ``{"name", "scale"?, "layers"?}`` dicts (or
+    :class:`RequestApp`), a ``{"apps": [...]}`` dict, or a JSON string of either (the form
+    ``vllm_xargs`` carries over HTTP).
+
+    Raises:
+        XmixSpecError: e.g. ``mi_apps[0].scale: expected a number, got str 'high'``.
+    """
+    items = _coerce_request_list(raw, field)
+    out: list[RequestApp] = []
+    seen: set[str] = set()
+    for i, it in enumerate(items):
+        f = f"{field}[{i}]"
+        if isinstance(it, RequestApp):
+            ra = it
+        elif isinstance(it, str):
+            ra = RequestApp(name=it)
+        elif isinstance(it, dict):
+            try:
+                ra = RequestApp.model_validate(it)
+            except ValidationError as e:
+                raise XmixSpecError(_fmt_validation_error(f, e)) from None
+        elif hasattr(it, "name") and hasattr(it, "to_spec"):  # an MIApp: switch on by name
+            ra = RequestApp(name=it.name)
+        else:
+            raise XmixSpecError(f"{f}: expected an app name or {{'name': ..., 'scale': ...}}, got {type(it).__name__}")
+        if ra.name in seen:
+            raise XmixSpecError(f"{f}.name: app {ra.name!r} listed twice")
+        seen.add(ra.name)
+        out.append(ra)
+    return out
+
+
+def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConfig, n_layers: int,
+                                     field: str = "mi_apps") -> None:
+    """Raises XmixSpecError for unknown app names and layers outside the app's deployed layers."""
+    names = [a.name for a in dep.apps]
+    for i, ra in enumerate(apps):
+        try:
+            app = dep.app(ra.name)
+        except KeyError:
+            raise XmixSpecError(
+                f"{field}[{i}].name: unknown app {ra.name!r}; deployed apps: {names or 'none (no additional_config.xmix)'}"
+            ) from None
+        if ra.layers is not None:
+            allowed = set()
+            for op in app.ops:
+                allowed.update(resolve_layers(op.layers, n_layers, f"{field}[{i}].layers"))
+            bad = [x for x in ra.layers if x not in allowed]
+            if bad:
+                raise XmixSpecError(
+                    f"{field}[{i}].layers: layer {bad[0]} is not a deployed layer of app {ra.name!r} "
+                    f"(deployed: {sorted(allowed)})"
+                )
+
+
+def request_to_wire(apps: list[RequestApp]) -> dict[str, Any]:
+    """The canonical ``extra_args["xmix"]`` payload."""
+    return {"apps": [a.model_dump(exclude_none=True) for a in apps]}
+
+
+# --------------------------------------------------------------------------------------------
+# builder
+
+
+class _OpBuilder:
+    """Refines one op of an :class:`MIApp`; every method returns ``self`` for chaining."""
+
+    def __init__(self, app: "MIApp", fields: dict[str, Any]):
+        self._app = app
+        self._fields = fields
+
+    def layers(self, layers) -> "_OpBuilder":
+        """``[int, ...]``, ``range(...)`` or ``"all"``."""
+        if isinstance(layers, range):
+            layers = list(layers)
+        elif isinstance(layers, int) and not isinstance(layers, bool):
+            layers = [layers]
+        self._fields["layers"] = layers
+        return self
+
+    def submodule(self, hook: str) -> "_OpBuilder":
+        """TransformerLens hook name, e.g. ``"hook_resid_post"``."""
+        self._fields["hook"] = _hook_name(hook)
+        return self
+
+    def cond(self, **predicate) -> "_OpBuilder":
+        """Guard the op with a predicate (token- or activation-driven). Not yet supported:
+        the spec keeps it and validation rejects it, so it can never be silently ignored."""
+        self._fields["cond"] = predicate or {"": None}
+        return self
+
+    # allow app-level chaining from an op: MIApp("x").write(...).layers(...).write(...)
+    def write(self, *a, **k) -> "_OpBuilder":
+        return self._app.write(*a, **k)
+
+    def read(self, *a, **k) -> "_OpBuilder":
+        return self._app.read(*a, **k)
+
+    def to_spec(self) -> AppSpec:
+        return self._app.to_spec()
+
+    @property
+    def name(self) -> str:
+        return self._app.name
+
+
+class MIApp:
+    """Builder for an MI app (xMIx programming interface, Blum et al., section 4.1).
+
+    Example::
+
+        app = MIApp("happy")
+        app.write("add", vector=v, scale=4.0).layers([1, 2]).submodule("hook_resid_post")
+        llm = LLM(model, additional_config=deploy(app))
+
+    ``vector``: a sequence of floats / numpy array / torch tensor of shape ``[d_model]``, or a
+    path (``.safetensors``, ``.pt``, ``.npy``; ``key=`` selects a tensor).
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._ops: list[_OpBuilder] = []
+
+    def write(self, kind: str = "add", *, vector=None, scale: float = 1.0, key: str | None = None) -> _OpBuilder:
+        """Declare a write. Returns the op builder (``.layers``, ``.submodule``, ``.cond``)."""
+        if vector is None:
+            raise XmixSpecError(f"{self.name}.write: vector is required")
+        if isinstance(vector, (str, os.PathLike)):
+            vec: Any = {"path": os.fspath(vector), "key": key}
+        else:
+            if hasattr(vector, "detach"):
+                vector = vector.detach().float().cpu().numpy()
+            vec = np.asarray(vector, dtype=np.float64).reshape(-1).tolist() if np.ndim(vector) == 1 else vector
+            if np.ndim(vector) != 1:
+                raise XmixSpecError(f"{self.name}.write.vector: expected a 1-D vector, got shape {list(np.shape(vector))}")
+        op = _OpBuilder(self, {"primitive": "write", "kind": kind, "vector": vec, "scale": scale})
+        self._ops.append(op)
+        return op
+
+    def read(self, kind: str, **params) -> _OpBuilder:
+        """Declare a read (``capture``, ``linear_probe``). Not yet supported: raises."""
+        if kind not in KNOWN_READ_KINDS:
+            raise XmixSpecError(f"{self.name}.read: unknown read kind {kind!r}; known: {', '.join(KNOWN_READ_KINDS)}")
+        raise XmixSpecError(f"{self.name}.read: read kind {kind!r} is not yet supported")
+
+    def to_spec(self) -> AppSpec:
+        """Validate and lower to :class:`AppSpec`. Raises XmixSpecError naming the field."""
+        try:
+            return AppSpec.model_validate({"name": self.name, "ops": [dict(o._fields) for o in self._ops]})
+        except ValidationError as e:
+            raise XmixSpecError(_fmt_validation_error(f"app {self.name!r}", e)) from None
+
+    def to_json(self) -> str:
+        return self.to_spec().model_dump_json()
+
+    @staticmethod
+    def from_json(s: str) -> AppSpec:
+        try:
+            return AppSpec.model_validate_json(s)
+        except ValidationError as e:
+            raise XmixSpecError(_fmt_validation_error("app", e)) from None
+
+    def content_hash(self) -> str:
+        return self.to_spec().content_hash()
+
+
+def deploy(*apps: MIApp | AppSpec | dict) -> dict[str, Any]:
+    """Build vLLM's ``additional_config`` for these apps: ``{"xmix": {"apps": [...]}}``.
+
+    Raises:
+        XmixSpecError: for an invalid app (the message names the field).
+    """
+    specs = []
+    for a in apps:
+        if isinstance(a, MIApp):
+            specs.append(a.to_spec())
+        elif isinstance(a, AppSpec):
+            specs.append(a)
+        else:
+            specs.append(parse_deployment({"apps": [a]}).apps[0])
+    dep = parse_deployment({"apps": [s.model_dump(mode="json") for s in specs]})
+    return {CONFIG_KEY: dep.model_dump(mode="json", exclude_none=True)}

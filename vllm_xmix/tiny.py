@@ -1,0 +1,105 @@
+"""The embedded default model: tiny random-weight HF checkpoints built locally (no hub access).
+
+``build_tiny_model("llama")`` writes (once, cached) a ``LlamaForCausalLM`` with random weights
+and a byte-level BPE tokenizer trained locally on text that ships with Python, into
+``$XMIX_CACHE`` (default ``~/.cache/vllm_xmix``). Sizes respect vLLM's CPU attention backend
+(head_dim 32). ``initializer_range=0.2`` spreads the logits so greedy decoding is not decided by
+near-ties (fp32 vLLM == fp32 HF token for token).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+TINY_SPECS = {
+    "llama": dict(arch="LlamaForCausalLM", vocab_size=1024, hidden_size=64, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
+                  max_position_embeddings=1024, initializer_range=0.2, tie_word_embeddings=False,
+                  rms_norm_eps=1e-5, seed=0),
+}
+_VERSION = 1  # bump to rebuild cached models
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XMIX_CACHE", Path.home() / ".cache" / "vllm_xmix"))
+
+
+def _corpus() -> list[str]:
+    texts = []
+    lic = Path(sys.base_prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "LICENSE.txt"
+    if lic.exists():
+        texts += [ln for ln in lic.read_text(errors="ignore").splitlines() if ln.strip()]
+    import codecs
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        import this  # noqa: F401  (the Zen of Python, rot13 in the module source)
+
+    texts += codecs.decode(sys.modules["this"].s, "rot13").splitlines()
+    rng = random.Random(0)
+    subj = ["the model", "a steering vector", "the residual stream", "each layer", "the probe", "our server",
+            "a request", "the batch", "this token", "the cat", "my friend", "the weather"]
+    verb = ["reads", "writes", "adds", "changes", "keeps", "moves", "sees", "likes", "returns", "computes"]
+    obj = ["the answer", "a direction", "every token", "the output", "some numbers", "a happy story",
+           "the graph", "new words", "the cache", "a sad poem"]
+    for _ in range(600):
+        texts.append(f"{rng.choice(subj).capitalize()} {rng.choice(verb)} {rng.choice(obj)}.")
+    return texts
+
+
+def _train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|bos|>", "<|eos|>", "<|pad|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
+                                   pad_token="<|pad|>")
+
+
+def build_tiny_model(arch: str = "llama", root: str | os.PathLike | None = None) -> str:
+    """Build (or reuse) a tiny random-weight model; returns its directory.
+
+    Raises:
+        KeyError: unknown ``arch`` (known: ``TINY_SPECS``).
+    """
+    spec = dict(TINY_SPECS[arch])
+    key = hashlib.sha256(json.dumps([spec, _VERSION], sort_keys=True).encode()).hexdigest()[:10]
+    out = Path(root) if root is not None else cache_dir() / f"tiny-{arch}-{key}"
+    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+        return str(out)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    seed = spec.pop("seed")
+    spec.pop("arch")
+    tokenizer = _train_tokenizer(min(spec["vocab_size"], 1000))
+    cfg = LlamaConfig(**spec, bos_token_id=0, eos_token_id=1, pad_token_id=2, torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).to(torch.float32)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():  # a concurrent builder won
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    return str(out)
+
+
+if __name__ == "__main__":
+    print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "llama"))
