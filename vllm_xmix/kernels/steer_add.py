@@ -63,10 +63,10 @@ if HAS_TRITON:
         offs = db * BLOCK_D + tl.arange(0, BLOCK_D)
         m = offs < D
         acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        nz = 0
+        nz = tl.zeros([BLOCK_D], dtype=tl.int32)
         for i in range(n_entries):
             e = tl.load(entries_ptr + i).to(tl.int64)
-            c = tl.load(coef_ptr + slot * stride_coef + e)
+            c = tl.zeros([BLOCK_D], dtype=tl.float32) + tl.load(coef_ptr + slot * stride_coef + e)
             on = c != 0.0
             v = tl.load(vec_ptr + e * stride_vec + offs, mask=m & on, other=0.0).to(tl.float32)
             acc += c * v

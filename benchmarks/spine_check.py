@@ -1,0 +1,109 @@
+"""GPU check and first throughput A/B for the spine (one engine per process).
+
+Each invocation starts one ``LLM`` (dummy weights, token-id prompts, no tokenizer) and prints a
+JSON line with what it measured; ``benchmarks/run_spine_gpu.sh`` runs the set and
+``benchmarks/summarize_spine.py`` compares them.
+
+Modes (``--mode``):
+  plain      the plugin not loaded (run with VLLM_PLUGINS="")
+  xmix       plugin loaded, a steering app on all layers deployed: tokens off/on, and
+             throughput for installed-inactive vs steering on every request (interleaved)
+Add ``--eager`` for enforce_eager=True (tokens only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mode", choices=["plain", "xmix"], required=True)
+    ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--check-prompts", type=int, default=64)
+    ap.add_argument("--check-tokens", type=int, default=32)
+    ap.add_argument("--bench-prompts", type=int, default=512)
+    ap.add_argument("--bench-out", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--scale", type=float, default=0.5)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    from vllm import LLM, SamplingParams
+
+    cfg = json.load(open(os.path.join(args.model, "config.json")))
+    d_model, n_layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    kw = dict(model=args.model, load_format="dummy", skip_tokenizer_init=True, dtype=args.dtype,
+              max_model_len=args.max_model_len, enforce_eager=args.eager, seed=0)
+    if args.mode == "xmix":
+        from vllm_xmix import MIApp, deploy
+
+        v = np.random.default_rng(1).standard_normal(d_model).astype(np.float32)
+        app = MIApp("steer_all")
+        app.write("add", vector=v, scale=args.scale).layers("all").submodule("hook_resid_post")
+        kw["additional_config"] = deploy(app)
+    t0 = time.time()
+    llm = LLM(**kw)
+    startup = time.time() - t0
+    vc = llm.llm_engine.vllm_config
+    info = dict(mode=args.mode, eager=args.eager, startup_s=round(startup, 1),
+                v2_runner=bool(getattr(vc, "use_v2_model_runner", False)),
+                cudagraph_mode=str(vc.compilation_config.cudagraph_mode),
+                compile_mode=str(vc.compilation_config.mode))
+
+    rng = np.random.default_rng(0)
+    check = [{"prompt_token_ids": rng.integers(10, vocab - 10, int(n)).tolist()}
+             for n in rng.integers(16, 256, args.check_prompts)]
+
+    def sp(on: bool, max_tokens: int):
+        extra = {"xmix": {"apps": [{"name": "steer_all"}]}} if on else None
+        return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra)
+
+    def toks(on: bool):
+        outs = llm.generate(check, sp(on, args.check_tokens), use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    res = dict(info)
+    res["tokens_off"] = toks(False)
+    if args.mode == "xmix":
+        res["tokens_on"] = toks(True)
+        res["tokens_off_after_on"] = toks(False)
+    if not args.eager:
+        bench = [{"prompt_token_ids": rng.integers(10, vocab - 10, int(n)).tolist()}
+                 for n in rng.integers(128, min(1024, args.max_model_len - args.bench_out), args.bench_prompts)]
+        n_in = sum(len(p["prompt_token_ids"]) for p in bench)
+
+        def run(on: bool) -> float:
+            t = time.perf_counter()
+            outs = llm.generate(bench, sp(on, args.bench_out), use_tqdm=False)
+            dt = time.perf_counter() - t
+            n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+            return (n_in + n_out) / dt
+
+        configs = [False] if args.mode == "plain" else [False, True]
+        for c in configs:  # warm-up
+            run(c)
+        tput = {str(c): [] for c in configs}
+        for _ in range(args.repeats):
+            for c in configs:  # interleaved A B A B
+                tput[str(c)].append(run(c))
+        res["throughput_tok_s"] = {("steer_on" if k == "True" else ("inactive" if args.mode == "xmix" else "plain")):
+                                   dict(runs=[round(x, 1) for x in v], median=round(statistics.median(v), 1))
+                                   for k, v in tput.items()}
+    with open(args.out, "w") as f:
+        json.dump(res, f)
+    print("RESULT", json.dumps({k: v for k, v in res.items() if not k.startswith("tokens")}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
