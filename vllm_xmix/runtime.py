@@ -95,7 +95,7 @@ class XmixState:
         dev = st.device
         st.tok_slot = torch.zeros(max_tokens, dtype=torch.int32, device=dev)
         st.coef = torch.zeros(max_slots, max(1, len(st.entries)), dtype=torch.float32, device=dev)
-        st.vectors = (torch.from_numpy(np.stack(vecs)) if vecs else torch.zeros(1, d_model)).to(dev)
+        st.vectors = (torch.from_numpy(np.stack(vecs)) if vecs else torch.zeros(1, d_model, device="cpu")).to(dev)
         st.site_entries = [None] * len(st.sites)
         for key, sid in st.sites.items():
             st.site_entries[sid] = torch.tensor(per_site[key], dtype=torch.int32, device=dev)
@@ -115,9 +115,9 @@ class XmixState:
         pin = dev.type == "cuda"
         st._ring = [
             _Stage(
-                tok=torch.zeros(max_tokens, dtype=torch.int32, pin_memory=pin),
-                rows=torch.zeros(max_slots, st.coef.shape[1], dtype=torch.float32, pin_memory=pin),
-                idx=torch.zeros(max_slots, dtype=torch.int64, pin_memory=pin),
+                tok=torch.zeros(max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
+                rows=torch.zeros(max_slots, st.coef.shape[1], dtype=torch.float32, device="cpu", pin_memory=pin),
+                idx=torch.zeros(max_slots, dtype=torch.int64, device="cpu", pin_memory=pin),
             )
             for _ in range(3)
         ]
