@@ -38,6 +38,7 @@ from .spec import (
 logger = logging.getLogger("vllm.xmix")
 
 SUPPORTED_VLLM = ((0, 26, 0), (0, 27, 0))  # [min, max)
+RUNTIME_ID = "vllm-xmix 0.1.0"  # bump with any change to what the hooks put into the graph
 _PATCHED: list[str] = []
 
 
@@ -114,8 +115,23 @@ def validate_engine_config(vllm_config) -> None:
     pass_cfg = getattr(vllm_config.compilation_config, "pass_config", None)
     if getattr(pass_cfg, "enable_sp", False):
         raise XmixSpecError("additional_config.xmix: sequence parallelism shards the residual stream; not supported")
-    # canonical form (parsed and re-dumped): one spelling per deployment in the config hash
+    if envs_plugins_exclude_xmix():
+        raise XmixSpecError(
+            "additional_config.xmix: VLLM_PLUGINS is set and does not name 'xmix': the engine's "
+            "processes would not load vllm-xmix and the apps would silently do nothing"
+        )
+    # Canonical form (parsed and re-dumped), stamped with the runtime that builds the hooks: the
+    # dict is part of vLLM's config hash, so a torch.compile/AOT cache written by an engine
+    # without the plugin (or another plugin version) is never reused for this one.
+    dep.runtime = RUNTIME_ID
     add[CONFIG_KEY] = dep.model_dump(mode="json", exclude_none=True)
+
+
+def envs_plugins_exclude_xmix() -> bool:
+    import os
+
+    v = os.environ.get("VLLM_PLUGINS")
+    return v is not None and "xmix" not in [x.strip() for x in v.split(",")]
 
 
 def _patch_engine_args() -> None:
@@ -258,6 +274,12 @@ def _pre_execute(runner, scheduler_output) -> None:
     st.update_requests(scheduler_output)
 
 
+def _post_execute(runner) -> None:
+    st = _state_of(runner)
+    if st is not None:
+        st.verify_hooks_fired()  # before sampling: a step without its hooks never emits a token
+
+
 def _patch_v1_runner() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -265,7 +287,9 @@ def _patch_v1_runner() -> None:
         @functools.wraps(orig)
         def execute_model(self, scheduler_output, *args, **kwargs):
             _pre_execute(self, scheduler_output)
-            return orig(self, scheduler_output, *args, **kwargs)
+            out = orig(self, scheduler_output, *args, **kwargs)
+            _post_execute(self)
+            return out
 
         return execute_model
 
@@ -295,9 +319,13 @@ def _patch_v2_runner() -> None:
     def wrap_exec(orig):
         @functools.wraps(orig)
         def execute_model(self, scheduler_output, *args, **kwargs):
-            if not kwargs.get("dummy_run", False):
+            dummy = kwargs.get("dummy_run", False)
+            if not dummy:
                 _pre_execute(self, scheduler_output)
-            return orig(self, scheduler_output, *args, **kwargs)
+            out = orig(self, scheduler_output, *args, **kwargs)
+            if not dummy:
+                _post_execute(self)
+            return out
 
         return execute_model
 

@@ -12,7 +12,12 @@ from typing import Any
 
 import vllm
 
+from .plugin import register
 from .spec import CONFIG_KEY, parse_request_apps, request_to_wire
+
+# Using the API implies the plugin in this process (idempotent; vLLM normally does it through
+# the entry point). Engines still refuse to start if VLLM_PLUGINS keeps it out of their workers.
+register()
 
 
 class SamplingParams(vllm.SamplingParams):

@@ -181,6 +181,8 @@ class DeploymentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     apps: list[AppSpec] = Field(default_factory=list)
+    #: set by the plugin at engine configuration (``"vllm-xmix <version>"``); keys the compile cache
+    runtime: str | None = None
 
     @field_validator("apps")
     @classmethod

@@ -1,0 +1,141 @@
+"""Shared fixtures: the tiny model, the HF-transformers oracle, vLLM engines (real, CPU, fp32)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+
+# Engine settings for CPU CI; set before vLLM is imported anywhere in this process.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engines in-process (fast); subprocess tests use 1
+os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="xmix-vllm-cache-"))
+os.environ.pop("VLLM_CPU_CI_ENV", None)  # keep Inductor for the compiled mode: where hooks vanish
+
+import numpy as np
+import pytest
+import torch
+
+D_MODEL = 64
+N_LAYERS = 4
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> str:
+    from vllm_xmix.tiny import build_tiny_model
+
+    return build_tiny_model("llama", root=tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def unit_rms(seed: int, d: int = D_MODEL) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(d).astype(np.float32)
+    return v / np.sqrt((v**2).mean())
+
+
+# Deployment shared by the engine fixtures: two apps, different layers.
+V_HAPPY = unit_rms(1)
+V_SAD = unit_rms(2)
+HAPPY_LAYERS = [1, 2]
+SAD_LAYERS = list(range(N_LAYERS))
+HAPPY_SCALE = 4.0
+SAD_SCALE = 2.0
+
+
+def deployment():
+    from vllm_xmix import MIApp, deploy
+
+    happy = MIApp("happy")
+    happy.write("add", vector=V_HAPPY, scale=HAPPY_SCALE).layers(HAPPY_LAYERS).submodule("hook_resid_post")
+    sad = MIApp("sad")
+    sad.write("add", vector=V_SAD, scale=SAD_SCALE).layers("all")
+    return deploy(happy, sad)
+
+
+def app_deltas(apps: list[dict]) -> dict[int, np.ndarray]:
+    """{layer: delta} that the request's apps add at blocks.{layer}.hook_resid_post."""
+    table = {"happy": (V_HAPPY, HAPPY_LAYERS, HAPPY_SCALE), "sad": (V_SAD, SAD_LAYERS, SAD_SCALE)}
+    out: dict[int, np.ndarray] = {}
+    for a in apps:
+        v, layers, default = table[a["name"]]
+        s = a.get("scale", default)
+        for L in a.get("layers", layers):
+            out[L] = out.get(L, 0) + np.float32(s) * v
+    return out
+
+
+class HFOracle:
+    """HF transformers LlamaForCausalLM with plain PyTorch forward hooks (the reference).
+
+    ``greedy(ids, n, deltas)``: greedy decoding by full recompute (no KV cache), with
+    ``output + delta[L]`` at the output of decoder layer L (TransformerLens
+    ``blocks.{L}.hook_resid_post``) for every token position."""
+
+    def __init__(self, model_dir: str):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    @torch.no_grad()
+    def greedy(self, prompt_ids: list[int], n: int, deltas: dict[int, np.ndarray] | None = None) -> list[int]:
+        handles = []
+        for L, d in (deltas or {}).items():
+            dt = torch.from_numpy(np.asarray(d, dtype=np.float32))
+
+            def hook(mod, args, out, dt=dt):
+                if isinstance(out, tuple):
+                    return (out[0] + dt,) + tuple(out[1:])
+                return out + dt
+
+            handles.append(self.model.model.layers[L].register_forward_hook(hook))
+        try:
+            ids = list(prompt_ids)
+            for _ in range(n):
+                logits = self.model(torch.tensor([ids])).logits[0, -1]
+                ids.append(int(logits.argmax()))
+            return ids[len(prompt_ids):]
+        finally:
+            for h in handles:
+                h.remove()
+
+
+@pytest.fixture(scope="session")
+def hf(tiny_llama) -> HFOracle:
+    return HFOracle(tiny_llama)
+
+
+PROMPTS = [
+    [5, 17, 300, 42, 9],
+    [100, 200, 300],
+    [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+    [900, 3, 450],
+]
+
+
+def make_llm(model: str, mode: str, **kw):
+    from vllm import LLM
+
+    args = dict(model=model, dtype="float32", max_model_len=256, max_num_seqs=16, seed=0,
+                enforce_eager=(mode == "eager"))
+    args.update(kw)
+    return LLM(**args)
+
+
+def close_llm(llm) -> None:
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
+    del llm
+    gc.collect()
+
+
+@pytest.fixture(scope="module", params=["eager", "compiled"])
+def steer_llm(request, tiny_llama):
+    """An engine with the 'happy' and 'sad' apps deployed, enforce_eager or torch.compile."""
+    llm = make_llm(tiny_llama, request.param, additional_config=deployment())
+    llm.mode = request.param
+    yield llm
+    close_llm(llm)

