@@ -79,11 +79,17 @@ def main() -> None:
         res["tokens_on"] = toks(True)
         res["tokens_off_after_on"] = toks(False)
     if not args.eager:
-        bench = [{"prompt_token_ids": rng.integers(10, vocab - 10, int(n)).tolist()}
-                 for n in rng.integers(128, min(1024, args.max_model_len - args.bench_out), args.bench_prompts)]
-        n_in = sum(len(p["prompt_token_ids"]) for p in bench)
+        # Throughput: fresh random prompts for every run (no prefix-cache hits across runs;
+        # run i of every configuration uses prompt set i).
+        def prompt_set(i: int, n: int, lo: int, hi: int):
+            r = np.random.default_rng(1000 + i)
+            return [{"prompt_token_ids": r.integers(10, vocab - 10, int(k)).tolist()} for k in r.integers(lo, hi, n)]
 
-        def run(on: bool) -> float:
+        hi = min(1024, args.max_model_len - args.bench_out)
+
+        def run(on: bool, i: int) -> float:
+            bench = prompt_set(i, args.bench_prompts, 128, hi)
+            n_in = sum(len(p["prompt_token_ids"]) for p in bench)
             t = time.perf_counter()
             outs = llm.generate(bench, sp(on, args.bench_out), use_tqdm=False)
             dt = time.perf_counter() - t
@@ -91,15 +97,29 @@ def main() -> None:
             return (n_in + n_out) / dt
 
         configs = [False] if args.mode == "plain" else [False, True]
+        name = {False: "inactive" if args.mode == "xmix" else "plain", True: "steer_on"}
         for c in configs:  # warm-up
-            run(c)
-        tput = {str(c): [] for c in configs}
-        for _ in range(args.repeats):
+            run(c, 0)
+        tput = {c: [] for c in configs}
+        for i in range(args.repeats):
             for c in configs:  # interleaved A B A B
-                tput[str(c)].append(run(c))
-        res["throughput_tok_s"] = {("steer_on" if k == "True" else ("inactive" if args.mode == "xmix" else "plain")):
-                                   dict(runs=[round(x, 1) for x in v], median=round(statistics.median(v), 1))
-                                   for k, v in tput.items()}
+                tput[c].append(run(c, i + 1))
+        res["throughput_tok_s"] = {name[c]: dict(runs=[round(x, 1) for x in v], median=round(statistics.median(v), 1))
+                                   for c, v in tput.items()}
+        # Decode step time: 32-token prompts, 256 output tokens, batch 1 / 8 / 64.
+        dec = {}
+        for b in (1, 8, 64):
+            times = {c: [] for c in configs}
+            for i in range(args.repeats + 3):
+                for c in configs:
+                    ps = prompt_set(10_000 + 100 * b + i, b, 32, 33)
+                    t = time.perf_counter()
+                    llm.generate(ps, sp(c, 256), use_tqdm=False)
+                    if i >= 1:  # first round is warm-up
+                        times[c].append((time.perf_counter() - t) / 256 * 1e3)
+            dec[str(b)] = {name[c]: dict(runs=[round(x, 4) for x in v], median=round(statistics.median(v), 4))
+                           for c, v in times.items()}
+        res["decode_ms_per_step"] = dec
     with open(args.out, "w") as f:
         json.dump(res, f)
     print("RESULT", json.dumps({k: v for k, v in res.items() if not k.startswith("tokens")}), flush=True)

@@ -48,6 +48,11 @@ def main(paths: list[str]) -> None:
         for k, v in g_x["throughput_tok_s"].items():
             lines.append(f"throughput {k}: median {v['median']} tok/s ({(v['median'] / base - 1) * 100:+.2f}% vs plain {base}); runs {v['runs']}")
         lines.append(f"throughput plain: runs {g_plain['throughput_tok_s']['plain']['runs']}")
+        if "decode_ms_per_step" in g_plain and "decode_ms_per_step" in g_x:
+            for b, d in g_x["decode_ms_per_step"].items():
+                base_d = g_plain["decode_ms_per_step"][b]["plain"]["median"]
+                parts = [f"plain {base_d:.3f}"] + [f"{k} {v['median']:.3f} ({(v['median'] / base_d - 1) * 100:+.2f}%)" for k, v in d.items()]
+                lines.append(f"decode ms/step batch {b}: " + ", ".join(parts))
     print("\n".join(lines))
 
 
