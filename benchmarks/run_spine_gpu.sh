@@ -20,5 +20,11 @@ case "${1:-part1}" in
     VLLM_PLUGINS= timeout 250 python3 benchmarks/spine_check.py --model $M --mode plain --eager --out "$OUT/plain_eager.json" > "$OUT/plain_eager.log" 2>&1; echo "plain_eager rc=$?"
     grep RESULT "$OUT"/*eager.log
     ;;
+  part3)  # diagnosis: the kernel alone, and per-request scale (same kernel work, data regime kept)
+    python3 benchmarks/kernel_bench.py "$OUT/kernel_bench.json" 2>&1 | tail -2
+    timeout 400 python3 benchmarks/spine_check.py --model $M --mode xmix --on-scales 0.0001,0.5 --repeats 3 \
+        --out "$OUT/xmix_scales.json" > "$OUT/xmix_scales.log" 2>&1; echo "xmix_scales rc=$?"
+    grep RESULT "$OUT/xmix_scales.log"
+    ;;
 esac
 ls "$OUT"/*.json 2>/dev/null && python3 benchmarks/summarize_spine.py "$OUT"/*.json | tee "$OUT/summary.txt"

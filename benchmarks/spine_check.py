@@ -35,6 +35,9 @@ def main() -> None:
     ap.add_argument("--bench-out", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scale", type=float, default=0.5)
+    ap.add_argument("--on-scales", default="",
+                    help="comma-separated per-request scales to benchmark (default: the deployed scale only)")
+    ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -65,8 +68,12 @@ def main() -> None:
     check = [{"prompt_token_ids": rng.integers(10, vocab - 10, int(n)).tolist()}
              for n in rng.integers(16, 256, args.check_prompts)]
 
-    def sp(on: bool, max_tokens: int):
-        extra = {"xmix": {"apps": [{"name": "steer_all"}]}} if on else None
+    def sp(on, max_tokens: int):
+        """on: False (no app), True (deployed scale) or a float (per-request scale)."""
+        app = {"name": "steer_all"}
+        if on is not True and on is not False:
+            app["scale"] = float(on)
+        extra = {"xmix": {"apps": [app]}} if on is not False else None
         return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra)
 
     def toks(on: bool):
@@ -97,15 +104,20 @@ def main() -> None:
             return (n_in + n_out) / dt
 
         configs = [False] if args.mode == "plain" else [False, True]
-        name = {False: "inactive" if args.mode == "xmix" else "plain", True: "steer_on"}
-        for c in configs:  # warm-up
-            run(c, 0)
-        tput = {c: [] for c in configs}
-        for i in range(args.repeats):
-            for c in configs:  # interleaved A B A B
-                tput[c].append(run(c, i + 1))
-        res["throughput_tok_s"] = {name[c]: dict(runs=[round(x, 1) for x in v], median=round(statistics.median(v), 1))
-                                   for c, v in tput.items()}
+        if args.mode == "xmix" and args.on_scales:
+            configs = [False] + [float(x) for x in args.on_scales.split(",")]
+        name = {c: (f"steer_on@{c:g}" if not isinstance(c, bool) else None) for c in configs}
+        name[False] = "inactive" if args.mode == "xmix" else "plain"
+        name[True] = "steer_on"
+        if not args.skip_throughput:
+            for c in configs:  # warm-up
+                run(c, 0)
+            tput = {c: [] for c in configs}
+            for i in range(args.repeats):
+                for c in configs:  # interleaved A B A B
+                    tput[c].append(run(c, i + 1))
+            res["throughput_tok_s"] = {name[c]: dict(runs=[round(x, 1) for x in v], median=round(statistics.median(v), 1))
+                                       for c, v in tput.items()}
         # Decode step time: 32-token prompts, 256 output tokens, batch 1 / 8 / 64.
         dec = {}
         for b in (1, 8, 64):
