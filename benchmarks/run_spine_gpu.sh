@@ -26,5 +26,10 @@ case "${1:-part1}" in
         --out "$OUT/xmix_scales.json" > "$OUT/xmix_scales.log" 2>&1; echo "xmix_scales rc=$?"
     grep RESULT "$OUT/xmix_scales.log"
     ;;
+  part4)  # re-measure decode after the per-request hashing fix (short: decode only)
+    timeout 230 python3 benchmarks/spine_check.py --model $M --mode xmix --on-scales 0.0001 --repeats 2 \
+        --check-prompts 4 --check-tokens 4 --skip-throughput --out "$OUT/xmix_fix.json" > "$OUT/xmix_fix.log" 2>&1; echo "xmix_fix rc=$?"
+    grep RESULT "$OUT/xmix_fix.log"
+    ;;
 esac
-ls "$OUT"/*.json 2>/dev/null && python3 benchmarks/summarize_spine.py "$OUT"/*.json | tee "$OUT/summary.txt"
+case "${1:-part1}" in part1|part2) ls "$OUT"/*.json 2>/dev/null && python3 benchmarks/summarize_spine.py "$OUT"/*.json | tee "$OUT/summary.txt";; esac

@@ -34,7 +34,10 @@ def eager_llm(tiny_llama):
     ([{"scale": 1.0}], r"mi_apps\[0\]\.name: Field required"),
     ([42], r"mi_apps\[0\]: expected an app name"),
     (["happy", "happy"], r"mi_apps\[1\]\.name: app 'happy' listed twice"),
-    ("happy", r"mi_apps: not valid JSON|mi_apps: expected a list"),
+    ("happy", r"mi_apps: expected a list of apps \(e\.g\. \['happy'\]\), got str 'happy'"),
+    ([{"name": "happy", "layers": []}], r"mi_apps\[0\]\.layers: empty list"),
+    ([{"name": "happy", "layers": ["1"]}], r"mi_apps\[0\]\.layers: layer indices must be integers, got str"),
+    ([{"name": "happy", "layers": [True]}], r"mi_apps\[0\]\.layers: layer indices must be integers, got bool"),
 ])
 def test_bad_request_rejected_at_sampling_params(mi_apps, match):
     from vllm_xmix import SamplingParams
@@ -51,7 +54,8 @@ def test_bad_request_rejected_at_sampling_params(mi_apps, match):
     ({"apps": [{"name": "happy", "scale": float("nan")}]}, r"must be finite"),
     ('{"apps": [{"name": "nope"}]}', r"unknown app 'nope'"),  # the JSON-string form vllm_xargs carries
     ({"apps": "happy"}, r"mi_apps: expected a list of apps, got str"),
-    ("not json", r"mi_apps: not valid JSON"),
+    ("not json", r"mi_apps: expected a list of apps"),
+    ('[{"name": "happy"', r"mi_apps: not valid JSON"),
 ])
 def test_bad_request_rejected_when_added_engine_keeps_serving(eager_llm, hf, extra, match):
     import vllm
@@ -62,6 +66,31 @@ def test_bad_request_rejected_when_added_engine_keeps_serving(eager_llm, hf, ext
         _gen(eager_llm, [good, bad])  # the bad one is in a batch with a good one
     # the engine still serves, and nothing of the rejected request leaked into the next batch
     assert _gen(eager_llm, good) == [hf.greedy(p, 6) for p in PROMPTS[:2]]
+
+
+def test_request_accepts_numpy_numbers_and_sequences():
+    from vllm_xmix import SamplingParams
+
+    p = SamplingParams(mi_apps=[{"name": "happy", "scale": np.float32(2.0), "layers": range(1, 3)}])
+    assert p.extra_args["xmix"] == {"apps": [{"name": "happy", "scale": 2.0, "layers": [1, 2]}]}
+    p = SamplingParams(mi_apps=[{"name": "happy", "layers": (np.int64(2),)}])
+    assert p.extra_args["xmix"]["apps"][0]["layers"] == [2]
+
+
+def test_miapp_object_must_match_deployed_content(eager_llm):
+    """Passing an MIApp selects by name, but a different vector under the same name is an error."""
+    from conftest import HAPPY_LAYERS, HAPPY_SCALE, V_HAPPY
+
+    from vllm_xmix import SamplingParams
+
+    same = MIApp("happy")
+    same.write("add", vector=V_HAPPY, scale=HAPPY_SCALE).layers(HAPPY_LAYERS).submodule("hook_resid_post")
+    other = MIApp("happy")
+    other.write("add", vector=V_HAPPY * 2, scale=HAPPY_SCALE).layers(HAPPY_LAYERS)
+    by_name = _gen(eager_llm, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, mi_apps=["happy"]))
+    assert _gen(eager_llm, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, mi_apps=[same])) == by_name
+    with pytest.raises(ValueError, match=r"mi_apps\[0\]: app 'happy' differs from the deployed app of that name"):
+        _gen(eager_llm, SamplingParams(temperature=0, max_tokens=5, mi_apps=[other]))
 
 
 def test_request_for_engine_without_apps(tiny_llama):
@@ -137,6 +166,14 @@ def test_builder_errors():
         deploy(_named("bad name!"))
     with pytest.raises(XmixSpecError, match=r"duplicate app names \['x'\]"):
         deploy(_app(), _app())
+    with pytest.raises(XmixSpecError, match=r"ops\.0\.scale: expected a number, got str '4\.0'"):
+        deploy(_app(scale="4.0"))
+    with pytest.raises(XmixSpecError, match=r"ops\.0\.layers: layer indices must be integers, got str"):
+        deploy(_app(layers=["1"]))
+    with pytest.raises(XmixSpecError, match=r"write\.vector: not a vector of numbers"):
+        MIApp("s").write("add", vector=["a"] * D_MODEL)
+    with pytest.raises(XmixSpecError, match=r"ops\.0\.vector: expected a number, got str 'a'"):
+        deploy({"name": "x", "ops": [{"vector": ["a"] * D_MODEL}]})
 
 
 def _named(name):

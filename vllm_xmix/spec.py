@@ -52,6 +52,38 @@ class XmixSpecError(ValueError):
     """A bad app spec or request: the message names the offending field."""
 
 
+def _finite_number(v) -> float:
+    """Any real number (Python or numpy), not bool, not a string; finite."""
+    import numbers
+
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise ValueError(f"expected a number, got {type(v).__name__} {v!r}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"must be finite, got {v}")
+    return v
+
+
+def _layer_list(v) -> list[int]:
+    """A non-empty sequence of distinct non-negative ints (list, tuple, range, numpy ints)."""
+    import numbers
+
+    if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
+        raise ValueError(f"expected a list of layer indices, got {type(v).__name__} {v!r}")
+    out = []
+    for x in v:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+            raise ValueError(f"layer indices must be integers, got {type(x).__name__} {x!r}")
+        out.append(int(x))
+    if not out:
+        raise ValueError("empty list")
+    if len(set(out)) != len(out):
+        raise ValueError(f"duplicate layer indices in {out}")
+    if any(x < 0 for x in out):
+        raise ValueError(f"negative layer index in {out}")
+    return sorted(out)
+
+
 def _hook_name(hook: str) -> str:
     """Normalise ``"resid_post"``, ``"hook_resid_post"`` or ``"blocks.{L}.hook_resid_post"``."""
     if not isinstance(hook, str):
@@ -115,37 +147,27 @@ class WriteOp(BaseModel):
             raise ValueError(f"hook {h!r} is not yet supported for writes (supported: {', '.join(SUPPORTED_HOOKS)})")
         return h
 
-    @field_validator("layers")
+    @field_validator("layers", mode="before")
     @classmethod
     def _layers(cls, v):
-        if v == "all":
-            return v
-        if len(v) == 0:
-            raise ValueError("empty list")
-        if any(isinstance(x, bool) for x in v):
-            raise ValueError("booleans are not layer indices")
-        if len(set(v)) != len(v):
-            raise ValueError(f"duplicate layer indices in {v}")
-        if any(x < 0 for x in v):
-            raise ValueError(f"negative layer index in {v}")
-        return sorted(v)
+        return v if v == "all" else _layer_list(v)
 
-    @field_validator("vector")
+    @field_validator("vector", mode="before")
     @classmethod
     def _vector(cls, v):
-        if isinstance(v, list):
+        if isinstance(v, (list, tuple)):
             if len(v) == 0:
                 raise ValueError("empty")
-            if not all(math.isfinite(x) for x in v):
+            vals = [_finite_number(x) if not isinstance(x, float) else x for x in v]
+            if not all(math.isfinite(x) for x in vals):
                 raise ValueError("contains NaN or inf")
+            return vals
         return v
 
-    @field_validator("scale")
+    @field_validator("scale", mode="before")
     @classmethod
-    def _scale(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError(f"must be finite, got {v}")
-        return v
+    def _scale(cls, v) -> float:
+        return _finite_number(v)
 
     @field_validator("cond")
     @classmethod
@@ -214,18 +236,19 @@ class RequestApp(BaseModel):
     name: str
     scale: float | None = None
     layers: list[int] | None = None
+    #: content hash of the app the caller meant (set when an ``MIApp`` is passed); checked
+    #: against the deployed app of that name when the request is added
+    hash: str | None = None
 
     @field_validator("scale", mode="before")
     @classmethod
     def _scale(cls, v):
-        if v is None:
-            return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"expected a number, got {type(v).__name__} {v!r}")
-        v = float(v)
-        if not math.isfinite(v):
-            raise ValueError(f"must be finite, got {v}")
-        return v
+        return None if v is None else _finite_number(v)
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers(cls, v):
+        return None if v is None else _layer_list(v)
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,6 +368,8 @@ def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int) -> N
 
 def _coerce_request_list(raw: Any, field: str) -> list[Any]:
     if isinstance(raw, str):
+        if not raw.lstrip().startswith(("[", "{")):
+            raise XmixSpecError(f"{field}: expected a list of apps (e.g. [{raw!r}]), got str {raw!r}")
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError as e:
@@ -382,8 +407,11 @@ def parse_request_apps(raw: Any, field: str = "mi_apps") -> list[RequestApp]:
                 ra = RequestApp.model_validate(it)
             except ValidationError as e:
                 raise XmixSpecError(_fmt_validation_error(f, e)) from None
-        elif hasattr(it, "name") and hasattr(it, "to_spec"):  # an MIApp: switch on by name
-            ra = RequestApp(name=it.name)
+        elif hasattr(it, "name") and hasattr(it, "to_spec"):  # an MIApp: by name, checked by content
+            try:
+                ra = RequestApp(name=it.name, hash=it.content_hash())
+            except XmixSpecError as e:
+                raise XmixSpecError(f"{f}: {e}") from None
         else:
             raise XmixSpecError(f"{f}: expected an app name or {{'name': ..., 'scale': ...}}, got {type(it).__name__}")
         if ra.name in seen:
@@ -394,8 +422,9 @@ def parse_request_apps(raw: Any, field: str = "mi_apps") -> list[RequestApp]:
 
 
 def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConfig, n_layers: int,
-                                     field: str = "mi_apps") -> None:
-    """Raises XmixSpecError for unknown app names and layers outside the app's deployed layers."""
+                                     field: str = "mi_apps", hashes: dict[str, str] | None = None) -> None:
+    """Raises XmixSpecError for unknown app names, layers outside the app's deployed layers, and
+    an app passed as an object whose content differs from the deployed app of that name."""
     names = [a.name for a in dep.apps]
     for i, ra in enumerate(apps):
         try:
@@ -404,6 +433,13 @@ def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConf
             raise XmixSpecError(
                 f"{field}[{i}].name: unknown app {ra.name!r}; deployed apps: {names or 'none (no additional_config.xmix)'}"
             ) from None
+        if ra.hash is not None:
+            deployed = (hashes or {}).get(ra.name) or app.content_hash()
+            if ra.hash != deployed:
+                raise XmixSpecError(
+                    f"{field}[{i}]: app {ra.name!r} differs from the deployed app of that name "
+                    f"(content hash {ra.hash} != deployed {deployed}); requests select deployed apps"
+                )
         if ra.layers is not None:
             allowed = set()
             for op in app.ops:
@@ -493,9 +529,13 @@ class MIApp:
         else:
             if hasattr(vector, "detach"):
                 vector = vector.detach().float().cpu().numpy()
-            vec = np.asarray(vector, dtype=np.float64).reshape(-1).tolist() if np.ndim(vector) == 1 else vector
-            if np.ndim(vector) != 1:
-                raise XmixSpecError(f"{self.name}.write.vector: expected a 1-D vector, got shape {list(np.shape(vector))}")
+            try:
+                arr = np.asarray(vector, dtype=np.float64)
+            except (TypeError, ValueError) as e:
+                raise XmixSpecError(f"{self.name}.write.vector: not a vector of numbers ({e})") from None
+            if arr.ndim != 1:
+                raise XmixSpecError(f"{self.name}.write.vector: expected a 1-D vector, got shape {list(arr.shape)}")
+            vec = arr.tolist()
         op = _OpBuilder(self, {"primitive": "write", "kind": kind, "vector": vec, "scale": scale})
         self._ops.append(op)
         return op
