@@ -67,29 +67,54 @@ def app_deltas(apps: list[dict]) -> dict[int, np.ndarray]:
 
 
 class HFOracle:
-    """HF transformers LlamaForCausalLM with plain PyTorch forward hooks (the reference).
+    """HF transformers causal LM with plain PyTorch forward hooks (the reference).
 
-    ``greedy(ids, n, deltas)``: greedy decoding by full recompute (no KV cache), with
-    ``output + delta[L]`` at the output of decoder layer L (TransformerLens
-    ``blocks.{L}.hook_resid_post``) for every token position."""
+    ``greedy(ids, n, deltas)``: greedy decoding by full recompute (no KV cache), adding
+    ``delta`` at TransformerLens hook points for every token position. ``deltas`` maps
+    ``layer`` (meaning ``hook_resid_post``) or ``(layer, hook_name)`` to a ``[d_model]`` array:
+
+    - ``hook_resid_pre``: forward pre-hook on ``model.layers[L]`` adds to its hidden_states input;
+    - ``hook_attn_out`` and ``hook_resid_mid`` (for an add they are the same stream change):
+      forward hook on ``layers[L].self_attn`` adds to the attention output;
+    - ``hook_mlp_out``: forward hook on ``layers[L].mlp``;
+    - ``hook_resid_post``: forward hook on ``layers[L]`` adds to its output."""
 
     def __init__(self, model_dir: str):
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
+    def _register(self, L: int, hook: str, dt: torch.Tensor):
+        layer = self.model.model.layers[L]
+
+        def add_out(mod, args, out):
+            if isinstance(out, tuple):
+                return (out[0] + dt,) + tuple(out[1:])
+            return out + dt
+
+        def add_in(mod, args, kwargs):
+            if args:
+                return (args[0] + dt,) + tuple(args[1:]), kwargs
+            kwargs = dict(kwargs)
+            kwargs["hidden_states"] = kwargs["hidden_states"] + dt
+            return args, kwargs
+
+        if hook == "hook_resid_pre":
+            return layer.register_forward_pre_hook(add_in, with_kwargs=True)
+        if hook in ("hook_attn_out", "hook_resid_mid"):
+            return layer.self_attn.register_forward_hook(add_out)
+        if hook == "hook_mlp_out":
+            return layer.mlp.register_forward_hook(add_out)
+        if hook == "hook_resid_post":
+            return layer.register_forward_hook(add_out)
+        raise KeyError(hook)
+
     @torch.no_grad()
-    def greedy(self, prompt_ids: list[int], n: int, deltas: dict[int, np.ndarray] | None = None) -> list[int]:
+    def greedy(self, prompt_ids: list[int], n: int, deltas: dict | None = None) -> list[int]:
         handles = []
-        for L, d in (deltas or {}).items():
-            dt = torch.from_numpy(np.asarray(d, dtype=np.float32))
-
-            def hook(mod, args, out, dt=dt):
-                if isinstance(out, tuple):
-                    return (out[0] + dt,) + tuple(out[1:])
-                return out + dt
-
-            handles.append(self.model.model.layers[L].register_forward_hook(hook))
+        for key, d in (deltas or {}).items():
+            L, hook = (key, "hook_resid_post") if isinstance(key, int) else key
+            handles.append(self._register(L, hook, torch.from_numpy(np.asarray(d, dtype=np.float32))))
         try:
             ids = list(prompt_ids)
             for _ in range(n):

@@ -132,12 +132,10 @@ def test_bad_deployment_rejected_at_engine_start(tiny_llama, make, match):
 
 def test_unsupported_architecture_is_an_error(tmp_path):
     """Apps on an architecture without an adapter: an error at engine start, never a no-op."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = Qwen3Config(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=32, intermediate_size=64, max_position_embeddings=256)
-    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"architecture \['Qwen3ForCausalLM'\] is not supported"):
+    GPT2LMHeadModel(GPT2Config(vocab_size=1024, n_embd=64, n_layer=2, n_head=2, n_positions=256)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"architecture \['GPT2LMHeadModel'\] is not supported"):
         make_llm(str(tmp_path), "eager", additional_config=deploy(_app()), skip_tokenizer_init=True)
 
 
@@ -158,8 +156,8 @@ def test_builder_errors():
         a = MIApp("a")
         a.write("ablate", vector=unit_rms(0))
         a.to_spec()
-    with pytest.raises(XmixSpecError, match=r"hook 'hook_attn_out' is not yet supported"):
-        deploy(_app(hook="blocks.3.hook_attn_out"))
+    with pytest.raises(XmixSpecError, match=r"hook 'mlp.hook_router_logits' is not yet supported"):
+        deploy(_app(hook="blocks.3.mlp.hook_router_logits"))
     with pytest.raises(XmixSpecError, match=r"expected a 1-D vector"):
         MIApp("m").write("add", vector=np.ones((2, D_MODEL)))
     with pytest.raises(XmixSpecError, match=r"name: 'bad name!' must match"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import logging
 
@@ -103,6 +104,14 @@ def validate_engine_config(vllm_config) -> None:
             f"additional_config.xmix: architecture {archs} is not supported by vllm-xmix "
             f"(supported: {sorted(SUPPORTED_ARCHITECTURES)})"
         )
+    adapter = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    for ai, app in enumerate(dep.apps):
+        for oi, op in enumerate(app.ops):
+            if adapter is not None and op.hook not in adapter.HOOKS:
+                raise XmixSpecError(
+                    f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}.hook: {op.hook!r} is not "
+                    f"available on {archs[0]} (available: {', '.join(adapter.HOOKS)})"
+                )
     text = _text_config(mc)
     validate_deployment(dep, text.num_hidden_layers, text.hidden_size)
     pc = vllm_config.parallel_config
@@ -239,14 +248,17 @@ def _patch_layer_classes() -> None:
         for cls in adapter.layer_classes():
 
             def wrap(orig, cls=cls, adapter=adapter):
+                sig = inspect.signature(orig)
+
                 @functools.wraps(orig)
                 def __init__(self, *args, **kwargs):
                     orig(self, *args, **kwargs)
                     if type(self) is not cls:
                         return
-                    vllm_config = kwargs.get("vllm_config", args[0] if args else None)
-                    prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "")
-                    if vllm_config is None:
+                    bound = sig.bind_partial(self, *args, **kwargs).arguments
+                    prefix = bound.get("prefix", "")
+                    vllm_config = bound.get("vllm_config")
+                    if vllm_config is None:  # e.g. Qwen3DecoderLayer(config, cache_config, ...)
                         from vllm.config import get_current_vllm_config
 
                         vllm_config = get_current_vllm_config()

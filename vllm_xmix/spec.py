@@ -31,7 +31,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 CONFIG_KEY = "xmix"
 
 #: TransformerLens hook names (per decoder layer) that the runtime can attach ops to.
-SUPPORTED_HOOKS: tuple[str, ...] = ("hook_resid_post",)
+SUPPORTED_HOOKS: tuple[str, ...] = (
+    "hook_resid_pre",
+    "hook_attn_out",
+    "hook_resid_mid",
+    "hook_mlp_out",
+    "hook_resid_post",
+)
 #: All TransformerLens names the spec language knows; the others are "not yet supported".
 KNOWN_HOOKS: tuple[str, ...] = (
     "hook_resid_pre",

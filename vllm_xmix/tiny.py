@@ -21,6 +21,10 @@ TINY_SPECS = {
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
                   max_position_embeddings=1024, initializer_range=0.2, tie_word_embeddings=False,
                   rms_norm_eps=1e-5, seed=0),
+    "qwen3": dict(arch="Qwen3ForCausalLM", vocab_size=1024, hidden_size=64, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
+                  max_position_embeddings=1024, initializer_range=0.2, tie_word_embeddings=False,
+                  rms_norm_eps=1e-6, seed=0),
 }
 _VERSION = 1  # bump to rebuild cached models
 
@@ -69,7 +73,7 @@ def _train_tokenizer(vocab_size: int):
 
 
 def build_tiny_model(arch: str = "llama", root: str | os.PathLike | None = None) -> str:
-    """Build (or reuse) a tiny random-weight model; returns its directory.
+    """Build (or reuse) a tiny random-weight model (``arch``: a key of ``TINY_SPECS``); returns its directory.
 
     Raises:
         KeyError: unknown ``arch`` (known: ``TINY_SPECS``).
@@ -80,16 +84,18 @@ def build_tiny_model(arch: str = "llama", root: str | os.PathLike | None = None)
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return str(out)
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     seed = spec.pop("seed")
-    spec.pop("arch")
+    arch_name = spec.pop("arch")
+    model_cls = getattr(transformers, arch_name)
+    config_cls = getattr(transformers, arch_name.replace("ForCausalLM", "Config"))
     tokenizer = _train_tokenizer(min(spec["vocab_size"], 1000))
-    cfg = LlamaConfig(**spec, bos_token_id=0, eos_token_id=1, pad_token_id=2, torch_dtype="float32")
+    cfg = config_cls(**spec, bos_token_id=0, eos_token_id=1, pad_token_id=2, torch_dtype="float32")
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.float32)
+    model = model_cls(cfg).to(torch.float32)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if out.exists():  # a concurrent builder won

@@ -1,12 +1,13 @@
 """Per-architecture adapters: where each TransformerLens hook point lives in a vLLM model.
 
-Each adapter module exposes ``ARCHITECTURES`` (HF architecture names it serves), ``layer_classes()``
+Each adapter module exposes ``ARCHITECTURES`` (HF architecture names it serves), ``HOOKS`` (the
+TransformerLens hook names it can attach to), ``layer_classes()``
 (the vLLM decoder-layer classes, resolved lazily) and ``install(layer, state, layer_idx)``.
 ``SUPPORTED_ARCHITECTURES`` is checked at engine start: an app deployed on any other architecture
 is an error, never a silent no-op.
 """
 
-from . import llama
+from . import llama, qwen3
 
-ADAPTERS = (llama,)
+ADAPTERS = (llama, qwen3)
 SUPPORTED_ARCHITECTURES: dict[str, object] = {a: m for m in ADAPTERS for a in m.ARCHITECTURES}

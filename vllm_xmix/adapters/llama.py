@@ -1,19 +1,16 @@
 """Llama family (``LlamaForCausalLM``): vLLM's ``LlamaDecoderLayer``.
 
-vLLM's layer returns ``(hidden_states, residual)``; the residual stream after layer L
-(TransformerLens ``blocks.{L}.hook_resid_post``) is their sum, and the next layer's fused
-add+RMSNorm consumes both. A write at ``hook_resid_post`` therefore adds to ``residual`` (output
-``[1]``): layer L+1 (or the final norm) sees ``hidden + residual + delta``, exactly the HF
-semantics of a forward hook returning ``output + delta`` on ``model.layers[L]``.
+Hook points and their meaning on vLLM's fused residual stream: :mod:`._residual`.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from ._residual import RESIDUAL_HOOKS, install_residual_hooks
+
 ARCHITECTURES = ("LlamaForCausalLM",)
+HOOKS = RESIDUAL_HOOKS
 
 
 def layer_classes() -> tuple[type, ...]:
@@ -22,15 +19,6 @@ def layer_classes() -> tuple[type, ...]:
     return (LlamaDecoderLayer,)
 
 
-def _resid_post_hook(site: int, module, args, output):
-    hidden_states, residual = output
-    torch.ops.vllm_xmix.hook_write_(residual, site)
-    return hidden_states, residual
-
-
 def install(layer: torch.nn.Module, state, layer_idx: int) -> None:
     """Register the hook-point forward hooks of one decoder layer (before torch.compile traces)."""
-    site = state.site_id(layer_idx, "hook_resid_post")
-    if site is not None:
-        layer.register_forward_hook(functools.partial(_resid_post_hook, site))
-        state.installed.add(site)
+    install_residual_hooks(layer, state, layer_idx)
