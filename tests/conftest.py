@@ -84,37 +84,54 @@ class HFOracle:
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
-    def _register(self, L: int, hook: str, dt: torch.Tensor):
+    def _register(self, L: int, hook: str, fn) -> list:
+        """Hooks that replace the value x at (L, hook) by x + fn(x_full); x_full is the hook's
+        value (for resid_mid: layer input + attention output)."""
         layer = self.model.model.layers[L]
 
-        def add_out(mod, args, out):
-            if isinstance(out, tuple):
-                return (out[0] + dt,) + tuple(out[1:])
-            return out + dt
+        def first(out):
+            return out[0] if isinstance(out, tuple) else out
 
-        def add_in(mod, args, kwargs):
-            if args:
-                return (args[0] + dt,) + tuple(args[1:]), kwargs
-            kwargs = dict(kwargs)
-            kwargs["hidden_states"] = kwargs["hidden_states"] + dt
-            return args, kwargs
+        def replace(out, new):
+            return (new,) + tuple(out[1:]) if isinstance(out, tuple) else new
 
         if hook == "hook_resid_pre":
-            return layer.register_forward_pre_hook(add_in, with_kwargs=True)
-        if hook in ("hook_attn_out", "hook_resid_mid"):
-            return layer.self_attn.register_forward_hook(add_out)
-        if hook == "hook_mlp_out":
-            return layer.mlp.register_forward_hook(add_out)
-        if hook == "hook_resid_post":
-            return layer.register_forward_hook(add_out)
+            def pre(mod, args, kwargs):
+                if args:
+                    return (args[0] + fn(args[0]),) + tuple(args[1:]), kwargs
+                kwargs = dict(kwargs)
+                kwargs["hidden_states"] = kwargs["hidden_states"] + fn(kwargs["hidden_states"])
+                return args, kwargs
+
+            return [layer.register_forward_pre_hook(pre, with_kwargs=True)]
+        if hook in ("hook_attn_out", "hook_mlp_out", "hook_resid_post"):
+            mod = {"hook_attn_out": layer.self_attn, "hook_mlp_out": layer.mlp, "hook_resid_post": layer}[hook]
+            return [mod.register_forward_hook(lambda m, a, out: replace(out, first(out) + fn(first(out))))]
+        if hook == "hook_resid_mid":
+            seen = {}
+
+            def grab(mod, args, kwargs):
+                seen["x"] = args[0] if args else kwargs["hidden_states"]
+
+            def attn(mod, a, out):
+                o = first(out)
+                return replace(out, o + fn(seen["x"] + o))
+
+            return [layer.register_forward_pre_hook(grab, with_kwargs=True), layer.self_attn.register_forward_hook(attn)]
         raise KeyError(hook)
 
     @torch.no_grad()
-    def greedy(self, prompt_ids: list[int], n: int, deltas: dict | None = None) -> list[int]:
+    def greedy(self, prompt_ids: list[int], n: int, deltas: dict | None = None, fns: dict | None = None) -> list[int]:
+        """``deltas``: {layer or (layer, hook): [d_model] array added}; ``fns``: {(layer, hook):
+        [fn, ...]} with fn(x_full [.., d_model] tensor) -> delta, applied in order."""
         handles = []
         for key, d in (deltas or {}).items():
             L, hook = (key, "hook_resid_post") if isinstance(key, int) else key
-            handles.append(self._register(L, hook, torch.from_numpy(np.asarray(d, dtype=np.float32))))
+            dt = torch.from_numpy(np.asarray(d, dtype=np.float32))
+            handles += self._register(L, hook, lambda x, dt=dt: dt)
+        for (L, hook), fl in (fns or {}).items():
+            for f in fl:
+                handles += self._register(L, hook, f)
         try:
             ids = list(prompt_ids)
             for _ in range(n):

@@ -1,6 +1,6 @@
 """Custom ops (library ``vllm_xmix``) called from the hook points.
 
-``torch.ops.vllm_xmix.hook_write_(h, site)``: apply every write deployed at hook site ``site``
+``torch.ops.vllm_xmix.hook_write_(h, other, site)``: apply every write deployed at hook site ``site``
 (an index into the model's :class:`~vllm_xmix.runtime.XmixState`) to ``h`` ``[T, d_model]`` in
 place. It declares ``mutates_args=["h"]`` so torch.compile keeps it and orders it (an op with no
 declared mutation and no used output is dead-code eliminated, see research notes section 3.1),
@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch.library import Library
 
-from .kernels.steer_add import steer_add
+from .kernels.row_write import row_write_reference, row_write_triton
+from .kernels.steer_add import HAS_TRITON, steer_add
 from .runtime import STATE_KEY
 
 _LIB: Library | None = None
@@ -34,13 +35,22 @@ def _state():
     return st
 
 
-def hook_write_(h: torch.Tensor, site: int) -> None:
+def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
+    """``h`` [T, d_model]: the tensor the write lands on (mutated); ``other`` [T, d_model] or
+    None: the other half of the residual stream (the hook's value is ``h + other``), read by
+    projection writes only; ``site``: index of the (layer, hook) site in the model's state."""
     st = _state()
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
-    steer_add(h, st.tok_slot, st.coef, st.site_entries[site], st.vectors)
+    if not st.site_has_proj[site]:  # add-only site: the (token, slice)-parallel kernel
+        steer_add(h, st.tok_slot, st.coef, st.site_entries[site], st.vectors)
+    elif h.is_cuda and HAS_TRITON:
+        row_write_triton(h, other, st.tok_slot, st.coef, st.site_entries[site], st.kinds, st.values, st.vectors)
+    else:
+        row_write_reference(h, other, st.tok_slot, st.coef, st.site_entries_host[site], st.kinds_host,
+                            st.values_host, st.vectors)
 
 
-def hook_write_fake(h: torch.Tensor, site: int) -> None:
+def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
     return None
 
 

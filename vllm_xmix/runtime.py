@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .kernels.row_write import ADD, PROJ
 from .spec import (
     CONFIG_KEY,
     DeploymentConfig,
@@ -48,6 +49,8 @@ class Entry:
     layer: int
     hook: str
     default_scale: float
+    kind: int = 0  # kernels.row_write.ADD / PROJ
+    value: float = 0.0
 
 
 @dataclass
@@ -86,9 +89,15 @@ class XmixState:
                 v = load_vector(op.vector, f + ".vector")
                 if v.shape[0] != d_model:
                     raise XmixSpecError(f"{f}.vector: length {v.shape[0]} != d_model {d_model}")
+                kind = ADD if op.kind == "add" else PROJ
+                if kind == PROJ:
+                    norm = float(np.linalg.norm(v.astype(np.float64)))
+                    if norm == 0.0:
+                        raise XmixSpecError(f"{f}.vector: zero vector has no direction to {op.kind}")
+                    v = (v / norm).astype(np.float32)
                 for L in resolve_layers(op.layers, n_layers, f + ".layers"):
                     per_site.setdefault((L, op.hook), []).append(len(st.entries))
-                    st.entries.append(Entry(app.name, oi, L, op.hook, op.scale))
+                    st.entries.append(Entry(app.name, oi, L, op.hook, op.scale, kind, float(op.value or 0.0)))
                     vecs.append(v)
         for key in sorted(per_site):
             st.sites[key] = len(st.sites)
@@ -97,8 +106,16 @@ class XmixState:
         st.coef = torch.zeros(max_slots, max(1, len(st.entries)), dtype=torch.float32, device=dev)
         st.vectors = (torch.from_numpy(np.stack(vecs)) if vecs else torch.zeros(1, d_model, device="cpu")).to(dev)
         st.site_entries = [None] * len(st.sites)
+        st.site_entries_host = [None] * len(st.sites)
+        st.site_has_proj = [False] * len(st.sites)
         for key, sid in st.sites.items():
             st.site_entries[sid] = torch.tensor(per_site[key], dtype=torch.int32, device=dev)
+            st.site_entries_host[sid] = list(per_site[key])
+            st.site_has_proj[sid] = any(st.entries[e].kind == PROJ for e in per_site[key])
+        st.kinds_host = [e.kind for e in st.entries]
+        st.values_host = [e.value for e in st.entries]
+        st.kinds = torch.tensor(st.kinds_host or [0], dtype=torch.int32, device=dev)
+        st.values = torch.tensor(st.values_host or [0.0], dtype=torch.float32, device=dev)
         st.site_names = {sid: f"blocks.{L}.{h}" for (L, h), sid in st.sites.items()}
         st.calls = [0] * len(st.sites)
         st._app_entries = {}

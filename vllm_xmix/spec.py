@@ -25,7 +25,7 @@ import re
 from typing import Any, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 #: Key under ``additional_config`` (deployment) and ``SamplingParams.extra_args`` (request).
 CONFIG_KEY = "xmix"
@@ -47,7 +47,7 @@ KNOWN_HOOKS: tuple[str, ...] = (
     "hook_resid_post",
     "mlp.hook_router_logits",
 )
-SUPPORTED_WRITE_KINDS: tuple[str, ...] = ("add",)
+SUPPORTED_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp")
 KNOWN_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp", "router_bias")
 KNOWN_READ_KINDS: tuple[str, ...] = ("capture", "linear_probe")
 
@@ -117,13 +117,18 @@ class WriteOp(BaseModel):
     """One write: ``kind`` applied at ``blocks.{L}.{hook}`` for every ``L`` in ``layers``.
 
     Fields:
-        kind: ``"add"``: ``h[t] += scale * vector`` for every token ``t`` of a request that has
-            the app on (prompt and generated tokens).
+        kind: for every token ``t`` of a request that has the app on (prompt and generated):
+            ``"add"``: ``h[t] += scale * vector`` (activation addition, Turner et al. 2023);
+            ``"ablate"``: ``h[t] -= scale * (h[t] . r) r`` with ``r = vector / |vector|``
+            (directional ablation, Arditi et al. 2024; scale 1 removes the direction);
+            ``"clamp"``: ``h[t] += scale * (value - h[t] . r) r`` (scale 1 sets the projection
+            on ``r`` to ``value``). For ``hook_resid_*`` hooks ``h`` is the whole residual stream.
         hook: TransformerLens hook name (``hook_resid_post``: the residual stream after layer L,
             i.e. what layer L+1 reads; on vLLM's fused stream that is ``hidden + residual``).
         layers: decoder-layer indices (0-based) or ``"all"``.
         vector: float values, length ``d_model`` (the model's hidden size), or a ``VectorFile``.
-        scale: default coefficient; a request may override it.
+        scale: default coefficient; a request may override it (0 = off).
+        value: clamp target (projection on ``r``, in the activation's units); only for ``clamp``.
         cond: reserved for conditional writes (not yet supported: rejected).
     """
 
@@ -134,6 +139,7 @@ class WriteOp(BaseModel):
     layers: Union[list[int], Literal["all"]] = "all"
     vector: Union[list[float], VectorFile]
     scale: float = 1.0
+    value: float | None = None
     cond: dict[str, Any] | None = None
 
     @field_validator("kind")
@@ -174,6 +180,17 @@ class WriteOp(BaseModel):
     @classmethod
     def _scale(cls, v) -> float:
         return _finite_number(v)
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _value(cls, v):
+        return None if v is None else _finite_number(v)
+
+    @model_validator(mode="after")
+    def _value_only_for_clamp(self):
+        if self.value is not None and self.kind != "clamp":
+            raise ValueError(f"value: only a 'clamp' write takes a value (this write is {self.kind!r})")
+        return self
 
     @field_validator("cond")
     @classmethod
@@ -526,8 +543,10 @@ class MIApp:
         self.name = name
         self._ops: list[_OpBuilder] = []
 
-    def write(self, kind: str = "add", *, vector=None, scale: float = 1.0, key: str | None = None) -> _OpBuilder:
-        """Declare a write. Returns the op builder (``.layers``, ``.submodule``, ``.cond``)."""
+    def write(self, kind: str = "add", *, vector=None, scale: float = 1.0, value: float | None = None,
+              key: str | None = None) -> _OpBuilder:
+        """Declare a write (``"add"``, ``"ablate"``, ``"clamp"``; see :class:`WriteOp`).
+        Returns the op builder (``.layers``, ``.submodule``, ``.cond``)."""
         if vector is None:
             raise XmixSpecError(f"{self.name}.write: vector is required")
         if isinstance(vector, (str, os.PathLike)):
@@ -542,7 +561,10 @@ class MIApp:
             if arr.ndim != 1:
                 raise XmixSpecError(f"{self.name}.write.vector: expected a 1-D vector, got shape {list(arr.shape)}")
             vec = arr.tolist()
-        op = _OpBuilder(self, {"primitive": "write", "kind": kind, "vector": vec, "scale": scale})
+        fields = {"primitive": "write", "kind": kind, "vector": vec, "scale": scale}
+        if value is not None:
+            fields["value"] = value
+        op = _OpBuilder(self, fields)
         self._ops.append(op)
         return op
 

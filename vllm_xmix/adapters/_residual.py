@@ -26,7 +26,8 @@ hook_resid_post    resid_mid + mlp_out                    ``residual`` output of
 
 For ``add`` a write at hook_attn_out and one at hook_resid_mid change the stream identically
 (likewise mlp_out and resid_post, and resid_post[L] and resid_pre[L+1]); they differ for reads
-and for projections (ablate, clamp), which issue 3 adds.
+and for projections (ablate, clamp), which see the hook's whole value (``hidden + residual`` for
+the ``hook_resid_*`` hooks; the op receives the other half as ``other``).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ import torch
 RESIDUAL_HOOKS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 
 
-def _write(t: torch.Tensor, site: int) -> None:
-    torch.ops.vllm_xmix.hook_write_(t, site)
+def _write(t: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
+    """``t``: the tensor the write lands on; ``other``: the rest of the hook's value (or None)."""
+    torch.ops.vllm_xmix.hook_write_(t, other, site)
 
 
 def _resid_pre(site: int, module, args, kwargs):
@@ -48,24 +50,27 @@ def _resid_pre(site: int, module, args, kwargs):
     else:
         hidden_states = args[1] if len(args) >= 2 else kwargs["hidden_states"]
         residual = kwargs.get("residual")
-    _write(hidden_states if residual is None else residual, site)
+    if residual is None:  # layer 0: the stream is the embeddings
+        _write(hidden_states, None, site)
+    else:
+        _write(residual, hidden_states, site)
     return None  # arguments mutated in place
 
 
 def _component_out(site: int, module, args, output):
-    _write(output, site)
+    _write(output, None, site)
     return output
 
 
 def _resid_mid(site: int, module, args):
     # post_attention_layernorm(hidden_states=attn_out, residual=resid_pre)
-    _write(args[1], site)
+    _write(args[1], args[0], site)
     return None
 
 
 def _resid_post(site: int, module, args, output):
     hidden_states, residual = output
-    _write(residual, site)
+    _write(residual, hidden_states, site)
     return hidden_states, residual
 
 

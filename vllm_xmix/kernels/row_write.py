@@ -1,0 +1,99 @@
+"""Per-token gated writes that need the whole row: directional ablation and clamping (plus adds
+at the same site), the kernel beside its torch reference.
+
+Semantics, for every token ``t`` and the site's entries ``e`` in order (sequential: each entry
+sees the result of the previous ones)::
+
+    c = coef[tok_slot[t], e]                      # 0 => entry off for this token
+    if c != 0:
+        x = h[t] + other[t]                       # the hook's value (other: the residual half
+                                                  # the write does not land on; None => h[t])
+        kind[e] == ADD:  h[t] += c * vectors[e]
+        kind[e] == PROJ: h[t] += c * (values[e] - x . vectors[e]) * vectors[e]   # vectors[e] unit
+
+``PROJ`` with ``values[e] = 0`` and ``c = 1`` is directional ablation (Arditi et al. 2024,
+"Refusal in language models is mediated by a single direction": ``x -= (x . r) r``); with a
+non-zero value it clamps the projection on ``r`` to that value. Arithmetic in float32.
+
+Shapes / dtypes: ``h``, ``other`` ``[T, D]`` (same dtype, last dim contiguous; ``h`` mutated);
+``tok_slot`` int32 ``[>= T]``; ``coef`` float32 ``[S, E_total]``; ``entries`` int32 ``[E]``;
+``kinds`` int32 ``[E_total]``; ``values`` float32 ``[E_total]``; ``vectors`` float32
+``[E_total, D]``. Graph-safe: no host sync, fixed launch, branches only inside the kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .steer_add import HAS_TRITON
+
+ADD, PROJ = 0, 1
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["n_entries"])
+    def _row_write_kernel(h_ptr, stride_h, o_ptr, stride_o, tok_slot_ptr, coef_ptr, stride_coef, entries_ptr,
+                          kinds_ptr, values_ptr, vec_ptr, stride_vec, n_entries, D,
+                          HAS_OTHER: tl.constexpr, BLOCK_D: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        slot = tl.load(tok_slot_ptr + t).to(tl.int64)
+        ar = tl.arange(0, BLOCK_D)
+        for i in range(n_entries):
+            e = tl.load(entries_ptr + i).to(tl.int64)
+            c = tl.load(coef_ptr + slot * stride_coef + e)
+            if c != 0.0:
+                kind = tl.load(kinds_ptr + e)
+                coeff = c
+                if kind == 1:
+                    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+                    for d0 in range(0, D, BLOCK_D):
+                        offs = d0 + ar
+                        m = offs < D
+                        x = tl.load(h_ptr + t * stride_h + offs, mask=m, other=0.0).to(tl.float32)
+                        if HAS_OTHER:
+                            x += tl.load(o_ptr + t * stride_o + offs, mask=m, other=0.0).to(tl.float32)
+                        r = tl.load(vec_ptr + e * stride_vec + offs, mask=m, other=0.0)
+                        acc += x * r
+                    coeff = c * (tl.load(values_ptr + e) - tl.sum(acc, axis=0))
+                for d0 in range(0, D, BLOCK_D):
+                    offs = d0 + ar
+                    m = offs < D
+                    row = h_ptr + t * stride_h + offs
+                    x = tl.load(row, mask=m, other=0.0)
+                    r = tl.load(vec_ptr + e * stride_vec + offs, mask=m, other=0.0)
+                    tl.store(row, (x.to(tl.float32) + coeff * r).to(x.dtype), mask=m)
+                tl.debug_barrier()
+
+
+def row_write_reference(h: torch.Tensor, other: torch.Tensor | None, tok_slot: torch.Tensor, coef: torch.Tensor,
+                        entries: list[int], kinds: list[int], values: list[float], vectors: torch.Tensor) -> None:
+    """Torch reference (also the CPU implementation). ``entries``/``kinds``/``values`` are the
+    site's static host lists. Mutates ``h``."""
+    T = h.shape[0]
+    if T == 0:
+        return
+    slots = tok_slot[:T].long()
+    for e in entries:
+        c = coef[slots, e].unsqueeze(1)  # [T, 1]
+        v = vectors[e].float()
+        hf = h.float()
+        if kinds[e] == PROJ:
+            x = hf + other.float() if other is not None else hf
+            coeff = c * (values[e] - (x * v).sum(dim=1, keepdim=True))
+        else:
+            coeff = c
+        new = (hf + coeff * v).to(h.dtype)
+        h.copy_(torch.where(c != 0, new, h))
+
+
+def row_write_triton(h, other, tok_slot, coef, entries_dev, kinds_dev, values_dev, vectors, block_d: int = 1024) -> None:
+    T, D = h.shape
+    if T == 0:
+        return
+    assert h.stride(1) == 1 and (other is None or other.stride(1) == 1)
+    o = other if other is not None else h
+    _row_write_kernel[(T,)](h, h.stride(0), o, o.stride(0), tok_slot, coef, coef.stride(0), entries_dev, kinds_dev,
+                            values_dev, vectors, vectors.stride(0), entries_dev.shape[0], D,
+                            HAS_OTHER=other is not None, BLOCK_D=min(block_d, triton.next_power_of_2(D)))
