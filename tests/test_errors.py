@@ -123,6 +123,8 @@ def _app(**kw):
      r"unknown hook 'hook_resid_sideways'"),
     (lambda: {"xmix": {"apps": [{"name": "x", "ops": [{"vector": {"path": "/nonexistent.safetensors"}}]}]}},
      r"vector\.path: file not found"),
+    (lambda: {"xmix": {"apps": [{"name": "x", "ops": [{"kind": "ablate", "vector": [0.0] * D_MODEL}]}]}},
+     r"ops\.0\.vector: zero vector has no direction to ablate"),
 ])
 def test_bad_deployment_rejected_at_engine_start(tiny_llama, make, match):
     """A bad deployment fails LLM() with a ValueError naming the field (before any worker starts)."""
@@ -152,9 +154,13 @@ def test_builder_errors():
         a.to_spec()
     with pytest.raises(XmixSpecError, match=r"read kind 'linear_probe' is not yet supported"):
         MIApp("r").read("linear_probe", weight=unit_rms(0))
-    with pytest.raises(XmixSpecError, match=r"write kind 'ablate' is not yet supported"):
+    with pytest.raises(XmixSpecError, match=r"write kind 'router_bias' is not yet supported"):
         a = MIApp("a")
-        a.write("ablate", vector=unit_rms(0))
+        a.write("router_bias", vector=unit_rms(0))
+        a.to_spec()
+    with pytest.raises(XmixSpecError, match=r"value: only a 'clamp' write takes a value \(this write is 'ablate'\)"):
+        a = MIApp("a")
+        a.write("ablate", vector=unit_rms(0), value=1.0)
         a.to_spec()
     with pytest.raises(XmixSpecError, match=r"hook 'mlp.hook_router_logits' is not yet supported"):
         deploy(_app(hook="blocks.3.mlp.hook_router_logits"))

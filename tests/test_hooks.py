@@ -1,4 +1,4 @@
-"""Writes at every residual-stream hook point (TransformerLens names) of Llama and Qwen3 on real
+"""Writes at every residual-stream hook point (TransformerLens names) of Llama, Qwen3 and Mixtral on real
 vLLM (CPU, fp32, eager and compiled) against the HF-transformers oracle with plain hooks."""
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def deltas(names, scale=SCALE):
 
 
 @pytest.fixture(scope="module", params=[("llama", "eager"), ("llama", "compiled"), ("qwen3", "eager"),
-                                        ("qwen3", "compiled")], ids=lambda p: f"{p[0]}-{p[1]}")
+                                        ("qwen3", "compiled"), ("mixtral", "eager"), ("mixtral", "compiled")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
 def arch_engine(request, tmp_path_factory):
     from conftest import HFOracle
 

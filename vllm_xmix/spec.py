@@ -383,6 +383,8 @@ def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int) -> N
             vec = load_vector(op.vector, f + ".vector")
             if vec.shape[0] != d_model:
                 raise XmixSpecError(f"{f}.vector: length {vec.shape[0]} != d_model {d_model} of this model")
+            if op.kind in ("ablate", "clamp") and not np.any(vec):
+                raise XmixSpecError(f"{f}.vector: zero vector has no direction to {op.kind}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,6 +25,10 @@ TINY_SPECS = {
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
                   max_position_embeddings=1024, initializer_range=0.2, tie_word_embeddings=False,
                   rms_norm_eps=1e-6, seed=0),
+    "mixtral": dict(arch="MixtralForCausalLM", vocab_size=1024, hidden_size=64, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
+                    num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=1024,
+                    initializer_range=0.2, tie_word_embeddings=False, rms_norm_eps=1e-5, seed=0),
 }
 _VERSION = 1  # bump to rebuild cached models
 

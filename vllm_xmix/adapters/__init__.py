@@ -7,7 +7,7 @@ TransformerLens hook names it can attach to), ``layer_classes()``
 is an error, never a silent no-op.
 """
 
-from . import llama, qwen3
+from . import llama, mixtral, qwen3
 
-ADAPTERS = (llama, qwen3)
+ADAPTERS = (llama, qwen3, mixtral)
 SUPPORTED_ARCHITECTURES: dict[str, object] = {a: m for m in ADAPTERS for a in m.ARCHITECTURES}
