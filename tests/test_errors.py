@@ -154,16 +154,18 @@ def test_builder_errors():
         a.to_spec()
     with pytest.raises(XmixSpecError, match=r"read kind 'linear_probe' is not yet supported"):
         MIApp("r").read("linear_probe", weight=unit_rms(0))
-    with pytest.raises(XmixSpecError, match=r"write kind 'router_bias' is not yet supported"):
+    with pytest.raises(XmixSpecError, match=r"unknown write kind 'rotate'; known: add, ablate, clamp, router_bias"):
         a = MIApp("a")
-        a.write("router_bias", vector=unit_rms(0))
+        a.write("rotate", vector=unit_rms(0))
         a.to_spec()
     with pytest.raises(XmixSpecError, match=r"value: only a 'clamp' write takes a value \(this write is 'ablate'\)"):
         a = MIApp("a")
         a.write("ablate", vector=unit_rms(0), value=1.0)
         a.to_spec()
-    with pytest.raises(XmixSpecError, match=r"hook 'mlp.hook_router_logits' is not yet supported"):
+    with pytest.raises(XmixSpecError, match=r"'router_bias' writes go to 'mlp.hook_router_logits' and only there"):
         deploy(_app(hook="blocks.3.mlp.hook_router_logits"))
+    with pytest.raises(XmixSpecError, match=r"submodule: unknown hook 'blocks.3.attn.hook_pattern'; known TransformerLens hook names"):
+        deploy(_app(hook="blocks.3.attn.hook_pattern"))
     with pytest.raises(XmixSpecError, match=r"expected a 1-D vector"):
         MIApp("m").write("add", vector=np.ones((2, D_MODEL)))
     with pytest.raises(XmixSpecError, match=r"name: 'bad name!' must match"):

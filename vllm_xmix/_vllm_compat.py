@@ -85,6 +85,14 @@ def _text_config(model_config):
     return hf.get_text_config() if hasattr(hf, "get_text_config") else hf
 
 
+def _n_experts(text_config) -> int | None:
+    for k in ("num_local_experts", "num_experts", "n_routed_experts"):
+        v = getattr(text_config, k, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
 def validate_engine_config(vllm_config) -> None:
     """Check ``additional_config["xmix"]`` against the model and the engine features.
 
@@ -113,7 +121,7 @@ def validate_engine_config(vllm_config) -> None:
                     f"available on {archs[0]} (available: {', '.join(adapter.HOOKS)})"
                 )
     text = _text_config(mc)
-    validate_deployment(dep, text.num_hidden_layers, text.hidden_size)
+    validate_deployment(dep, text.num_hidden_layers, text.hidden_size, _n_experts(text))
     pc = vllm_config.parallel_config
     if pc.pipeline_parallel_size > 1:
         raise XmixSpecError("additional_config.xmix: pipeline parallelism is not supported yet")

@@ -79,17 +79,21 @@ class XmixState:
     # ---------------------------------------------------------------- construction
     @classmethod
     def build(cls, deployment: DeploymentConfig, n_layers: int, d_model: int, device: torch.device,
-              max_tokens: int, max_slots: int) -> "XmixState":
+              max_tokens: int, max_slots: int, n_experts: int | None = None) -> "XmixState":
         st = cls(deployment, n_layers, d_model, torch.device(device), max_tokens, max_slots)
+        width = max(d_model, n_experts or 0)
         vecs = []
         per_site: dict[tuple[int, str], list[int]] = {}
         for ai, app in enumerate(deployment.apps):
             for oi, op in enumerate(app.ops):
                 f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}"
-                v = load_vector(op.vector, f + ".vector")
-                if v.shape[0] != d_model:
-                    raise XmixSpecError(f"{f}.vector: length {v.shape[0]} != d_model {d_model}")
-                kind = ADD if op.kind == "add" else PROJ
+                v = load_vector(op.vector, f + ".vector", allow_neg_inf=op.kind == "router_bias")
+                want = n_experts if op.kind == "router_bias" else d_model
+                if v.shape[0] != want:
+                    raise XmixSpecError(f"{f}.vector: length {v.shape[0]} != {want}")
+                if v.shape[0] < width:  # router biases live in the first n_experts columns
+                    v = np.concatenate([v, np.zeros(width - v.shape[0], np.float32)])
+                kind = ADD if op.kind in ("add", "router_bias") else PROJ
                 if kind == PROJ:
                     norm = float(np.linalg.norm(v.astype(np.float64)))
                     if norm == 0.0:
@@ -104,7 +108,7 @@ class XmixState:
         dev = st.device
         st.tok_slot = torch.zeros(max_tokens, dtype=torch.int32, device=dev)
         st.coef = torch.zeros(max_slots, max(1, len(st.entries)), dtype=torch.float32, device=dev)
-        st.vectors = (torch.from_numpy(np.stack(vecs)) if vecs else torch.zeros(1, d_model, device="cpu")).to(dev)
+        st.vectors = (torch.from_numpy(np.stack(vecs)) if vecs else torch.zeros(1, width, device="cpu")).to(dev)
         st.site_entries = [None] * len(st.sites)
         st.site_entries_host = [None] * len(st.sites)
         st.site_has_proj = [False] * len(st.sites)
@@ -305,8 +309,10 @@ def get_or_create_state(vllm_config, layer: torch.nn.Module | None = None) -> Xm
             device = p.device
     if device is None:
         device = vllm_config.device_config.device or torch.device("cpu")
+    from ._vllm_compat import _n_experts
+
     st = XmixState.build(dep, text.num_hidden_layers, text.hidden_size, device, max_tokens,
-                         int(sched.max_num_seqs) + 1)
+                         int(sched.max_num_seqs) + 1, _n_experts(text))
     ctx[STATE_KEY] = st
     logger.info("vllm_xmix: %d app(s), %d hook site(s), %d entries on %s", len(dep.apps),
                 len(st.sites), len(st.entries), device)

@@ -37,7 +37,9 @@ SUPPORTED_HOOKS: tuple[str, ...] = (
     "hook_resid_mid",
     "hook_mlp_out",
     "hook_resid_post",
+    "mlp.hook_router_logits",
 )
+ROUTER_HOOK = "mlp.hook_router_logits"
 #: All TransformerLens names the spec language knows; the others are "not yet supported".
 KNOWN_HOOKS: tuple[str, ...] = (
     "hook_resid_pre",
@@ -47,7 +49,7 @@ KNOWN_HOOKS: tuple[str, ...] = (
     "hook_resid_post",
     "mlp.hook_router_logits",
 )
-SUPPORTED_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp")
+SUPPORTED_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp", "router_bias")
 KNOWN_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp", "router_bias")
 KNOWN_READ_KINDS: tuple[str, ...] = ("capture", "linear_probe")
 
@@ -123,6 +125,9 @@ class WriteOp(BaseModel):
             (directional ablation, Arditi et al. 2024; scale 1 removes the direction);
             ``"clamp"``: ``h[t] += scale * (value - h[t] . r) r`` (scale 1 sets the projection
             on ``r`` to ``value``). For ``hook_resid_*`` hooks ``h`` is the whole residual stream.
+            ``"router_bias"`` (only at ``mlp.hook_router_logits``): ``logits[t] += scale * bias``
+            with ``bias`` ``[n_experts]`` before top-k; ``-inf`` masks an expert (SteerMoE,
+            Fayyaz et al. 2026). Use a positive scale with ``-inf`` entries.
         hook: TransformerLens hook name (``hook_resid_post``: the residual stream after layer L,
             i.e. what layer L+1 reads; on vLLM's fused stream that is ``hidden + residual``).
         layers: decoder-layer indices (0-based) or ``"all"``.
@@ -170,11 +175,25 @@ class WriteOp(BaseModel):
         if isinstance(v, (list, tuple)):
             if len(v) == 0:
                 raise ValueError("empty")
-            vals = [_finite_number(x) if not isinstance(x, float) else x for x in v]
-            if not all(math.isfinite(x) for x in vals):
+            vals = []
+            for x in v:
+                if isinstance(x, float) and x == -math.inf:
+                    vals.append(x)  # allowed for router_bias (masks an expert); checked below
+                else:
+                    vals.append(_finite_number(x) if not isinstance(x, float) else x)
+            if any(math.isnan(x) or x == math.inf for x in vals):
                 raise ValueError("contains NaN or inf")
             return vals
         return v
+
+    @model_validator(mode="after")
+    def _router_rules(self):
+        if (self.kind == "router_bias") != (self.hook == ROUTER_HOOK):
+            raise ValueError(f"kind: 'router_bias' writes go to {ROUTER_HOOK!r} and only there "
+                             f"(got kind {self.kind!r} at {self.hook!r})")
+        if self.kind != "router_bias" and isinstance(self.vector, list) and any(math.isinf(x) for x in self.vector):
+            raise ValueError("vector: contains NaN or inf")
+        return self
 
     @field_validator("scale", mode="before")
     @classmethod
@@ -311,7 +330,7 @@ def parse_deployment(raw: Any) -> DeploymentConfig:
         raise XmixSpecError(_fmt_validation_error("additional_config.xmix", e)) from None
 
 
-def load_vector(ref: list[float] | VectorFile, field: str) -> np.ndarray:
+def load_vector(ref: list[float] | VectorFile, field: str, allow_neg_inf: bool = False) -> np.ndarray:
     """Load a vector as float32 numpy ``[d]``.
 
     Raises:
@@ -356,7 +375,10 @@ def load_vector(ref: list[float] | VectorFile, field: str) -> np.ndarray:
         arr = np.asarray(arr, dtype=np.float32)
     if arr.ndim != 1:
         raise XmixSpecError(f"{field}: expected a 1-D vector [d_model], got shape {list(arr.shape)}")
-    if not np.isfinite(arr).all():
+    bad = ~np.isfinite(arr)
+    if allow_neg_inf:
+        bad &= ~np.isneginf(arr)
+    if bad.any():
         raise XmixSpecError(f"{field}: contains NaN or inf")
     return arr
 
@@ -370,7 +392,7 @@ def resolve_layers(layers: list[int] | str, n_layers: int, field: str) -> list[i
     return list(layers)
 
 
-def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int) -> None:
+def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int, n_experts: int | None = None) -> None:
     """Check a deployment against the model (layer range, vector size, finiteness).
 
     Raises:
@@ -380,7 +402,13 @@ def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int) -> N
         for oi, op in enumerate(app.ops):
             f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}"
             resolve_layers(op.layers, n_layers, f + ".layers")
-            vec = load_vector(op.vector, f + ".vector")
+            vec = load_vector(op.vector, f + ".vector", allow_neg_inf=op.kind == "router_bias")
+            if op.kind == "router_bias":
+                if n_experts is None:
+                    raise XmixSpecError(f"{f}.hook: this model has no MoE router")
+                if vec.shape[0] != n_experts:
+                    raise XmixSpecError(f"{f}.vector: length {vec.shape[0]} != n_experts {n_experts} of this model")
+                continue
             if vec.shape[0] != d_model:
                 raise XmixSpecError(f"{f}.vector: length {vec.shape[0]} != d_model {d_model} of this model")
             if op.kind in ("ablate", "clamp") and not np.any(vec):

@@ -77,7 +77,7 @@ def row_write_reference(h: torch.Tensor, other: torch.Tensor | None, tok_slot: t
     slots = tok_slot[:T].long()
     for e in entries:
         c = coef[slots, e].unsqueeze(1)  # [T, 1]
-        v = vectors[e].float()
+        v = vectors[e, : h.shape[1]].float()
         hf = h.float()
         if kinds[e] == PROJ:
             x = hf + other.float() if other is not None else hf

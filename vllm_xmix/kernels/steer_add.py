@@ -14,7 +14,7 @@ Shapes / dtypes:
               all-zero null row).
     coef:     [S, E_total] float32 per-slot coefficients.
     entries:  [E] int32, the entries (columns of ``coef`` / rows of ``vectors``) at this site.
-    vectors:  [E_total, D] float32.
+    vectors:  [E_total, >= D] float32 (the first D columns are used: router biases share the table).
 
 Graph safety: no host sync, no data-dependent shapes, no allocation that outlives the call; the
 same launches for every batch mix, so it can be captured in CUDA graphs and replayed with new
@@ -42,11 +42,11 @@ def steer_add_reference(h: torch.Tensor, tok_slot: torch.Tensor, coef: torch.Ten
         return
     slots = tok_slot[:T].long()
     c = coef.index_select(0, slots).index_select(1, entries.long())  # [T, E]
-    v = vectors.index_select(0, entries.long())  # [E, D]
+    v = vectors.index_select(0, entries.long())[:, : h.shape[1]]  # [E, D] (table may be wider)
     if c.shape[1] == 1:
-        delta = c * v  # [T, D]: exactly c*v per element (no summation order question)
-    else:
-        delta = c @ v
+        delta = c * v  # [T, D]: exactly c*v per element (rows with c == 0 are dropped below)
+    else:  # entries that are off contribute nothing, even where v is -inf (router masks)
+        delta = torch.where(c.unsqueeze(-1) != 0, c.unsqueeze(-1) * v.unsqueeze(0), 0.0).sum(1)
     active = (c != 0).any(dim=1, keepdim=True)
     new = (h.float() + delta).to(h.dtype)
     h.copy_(torch.where(active, new, h))

@@ -1,0 +1,127 @@
+"""Router steering (SteerMoE-style) on Mixtral: ``router_bias`` at ``blocks.{L}.mlp.hook_router_logits``
+on real vLLM (CPU, fp32, eager and compiled) against HF transformers with the bias added to the
+router logits before softmax/top-k."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+from conftest import PROMPTS, close_llm, make_llm
+
+N = 8
+MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off
+BOOST = [4.0, 0.0, 0.0, -1.0]
+
+
+def deployment():
+    from vllm_xmix import MIApp, deploy
+
+    m = MIApp("mask2")
+    m.write("router_bias", vector=MASK).layers("all").submodule("mlp.hook_router_logits")
+    b = MIApp("boost")
+    b.write("router_bias", vector=BOOST, scale=1.0).layers([1, 2]).submodule("blocks.{L}.mlp.hook_router_logits")
+    return deploy(m, b)
+
+
+@contextlib.contextmanager
+def hf_router_bias(model, biases: dict[int, torch.Tensor], seen: list | None = None):
+    """Replace each MixtralTopKRouter.forward by the same computation with ``logits + bias``."""
+    import torch.nn.functional as F
+
+    olds = {}
+    for L, b in biases.items():
+        gate = model.model.layers[L].mlp.gate
+        olds[L] = gate.forward
+
+        def fwd(hidden_states, gate=gate, b=b):
+            hidden_states = hidden_states.reshape(-1, gate.hidden_dim)
+            logits = F.linear(hidden_states, gate.weight) + b
+            probs = torch.softmax(logits.float(), dim=-1)
+            top_v, top_i = torch.topk(probs, gate.top_k, dim=-1)
+            top_v /= top_v.sum(dim=-1, keepdim=True)
+            if seen is not None:
+                seen.append(top_i)
+            return logits, top_v, top_i
+
+        gate.forward = fwd
+    try:
+        yield
+    finally:
+        for L, f in olds.items():
+            model.model.layers[L].mlp.gate.forward = f
+
+
+@pytest.fixture(scope="module", params=["eager", "compiled"])
+def moe(request, tmp_path_factory):
+    from conftest import HFOracle
+
+    from vllm_xmix.tiny import build_tiny_model
+
+    model = build_tiny_model("mixtral", root=tmp_path_factory.mktemp("mixtral") / "tiny-mixtral")
+    llm = make_llm(model, request.param, additional_config=deployment())
+    yield llm, HFOracle(model)
+    close_llm(llm)
+
+
+def _gen(llm, params):
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _sp(apps):
+    from vllm_xmix import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, mi_apps=apps)
+
+
+def test_router_bias_equals_hf(moe):
+    llm, hf = moe
+    plain = [hf.greedy(p, N) for p in PROMPTS]
+    mask = {L: torch.tensor(MASK) for L in range(4)}
+    boost = {L: torch.tensor(BOOST) for L in (1, 2)}
+    seen = []
+    with hf_router_bias(hf.model, mask, seen):
+        want_mask = [hf.greedy(p, N) for p in PROMPTS]
+    assert all(not (t == 2).any() for t in seen), "oracle: a -inf expert must never be in the top-k"
+    with hf_router_bias(hf.model, boost):
+        want_boost = [hf.greedy(p, N) for p in PROMPTS]
+    assert _gen(llm, _sp(None)) == plain
+    assert _gen(llm, _sp(["mask2"])) == want_mask
+    assert _gen(llm, _sp(["boost"])) == want_boost
+    assert want_mask != plain and want_boost != plain
+
+
+def test_masked_and_unmasked_requests_share_a_batch(moe):
+    llm, hf = moe
+    mask = {L: torch.tensor(MASK) for L in range(4)}
+    with hf_router_bias(hf.model, mask):
+        want_mask = [hf.greedy(p, N) for p in PROMPTS]
+    plain = [hf.greedy(p, N) for p in PROMPTS]
+    params = [_sp(["mask2"] if i % 2 else None) for i in range(len(PROMPTS))]
+    got = _gen(llm, params)
+    assert got == [want_mask[i] if i % 2 else plain[i] for i in range(len(PROMPTS))]
+
+
+def test_router_bias_errors(tiny_llama):
+    from vllm_xmix import MIApp, XmixSpecError, deploy
+
+    a = MIApp("r")
+    a.write("router_bias", vector=MASK).layers("all").submodule("hook_resid_post")
+    with pytest.raises(XmixSpecError, match=r"'router_bias' writes go to 'mlp.hook_router_logits' and only there"):
+        deploy(a)
+    b = MIApp("r")
+    b.write("add", vector=[1.0] * 4).submodule("mlp.hook_router_logits")
+    with pytest.raises(XmixSpecError, match=r"'router_bias' writes go to"):
+        deploy(b)
+    c = MIApp("r")
+    c.write("add", vector=[-math.inf] + [0.0] * 63)
+    with pytest.raises(XmixSpecError, match=r"contains NaN or inf"):
+        deploy(c)
+    # a dense model has no router: an error at engine start, not a no-op
+    d = MIApp("r")
+    d.write("router_bias", vector=MASK).submodule("mlp.hook_router_logits")
+    with pytest.raises(ValueError, match=r"hook: 'mlp.hook_router_logits' is not available on LlamaForCausalLM"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(d))
