@@ -98,17 +98,20 @@ def test_triton_matches_reference_cuda():
     _triton_check("cuda")
 
 
-def test_triton_matches_reference_interpreter():
-    """TRITON_INTERPRET=1 on CPU (skipped on a CUDA box, where the native test runs)."""
+def run_interpreted(check: str) -> None:
+    """Run ``test_kernels.<check>('cpu')`` in a child with TRITON_INTERPRET=1 (the interpreter
+    must be on before triton.jit decorates the kernels); skipped on a CUDA box."""
     if torch.cuda.is_available():
         pytest.skip("native CUDA test covers the kernel")
-    code = (
-        "import sys; sys.path.insert(0, %r); import test_kernels as t; t._triton_check('cpu'); print('OK')"
-        % os.path.dirname(__file__)
-    )
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    code = "import sys; sys.path.insert(0, %r); import test_kernels as t; t.%s('cpu'); print('OK')" % (
+        os.path.dirname(__file__), check)
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="1"),
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+def test_triton_matches_reference_interpreter():
+    run_interpreted("_triton_check")
 
 
 # ------------------------------------------------------------------ row_write (ablate / clamp / add)
@@ -200,15 +203,7 @@ def test_row_triton_matches_reference_cuda():
 
 
 def test_row_triton_matches_reference_interpreter():
-    if torch.cuda.is_available():
-        pytest.skip("native CUDA test covers the kernel")
-    code = (
-        "import sys; sys.path.insert(0, %r); import test_kernels as t; t._row_triton_check('cpu'); print('OK')"
-        % os.path.dirname(__file__)
-    )
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    run_interpreted("_row_triton_check")
 
 
 def _mask_check(device: str) -> None:
@@ -233,10 +228,6 @@ def _mask_check(device: str) -> None:
 
 
 def test_router_mask_reference():
-    _mask_check_ref_only()
-
-
-def _mask_check_ref_only():
     from vllm_xmix.kernels.steer_add import steer_add_reference
 
     h = torch.randn(2, 4)
@@ -254,9 +245,4 @@ def test_router_mask_cuda():
 
 
 def test_router_mask_interpreter():
-    if torch.cuda.is_available():
-        pytest.skip("native CUDA test covers the kernel")
-    code = "import sys; sys.path.insert(0, %r); import test_kernels as t; t._mask_check('cpu'); print('OK')" % os.path.dirname(__file__)
-    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="1"),
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    run_interpreted("_mask_check")

@@ -30,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 #: Key under ``additional_config`` (deployment) and ``SamplingParams.extra_args`` (request).
 CONFIG_KEY = "xmix"
 
-#: TransformerLens hook names (per decoder layer) that the runtime can attach ops to.
+#: TransformerLens hook names (per decoder layer) that the runtime can attach ops to; which of
+#: them a model has is its adapter's ``HOOKS`` (checked at engine start).
 SUPPORTED_HOOKS: tuple[str, ...] = (
     "hook_resid_pre",
     "hook_attn_out",
@@ -39,16 +40,8 @@ SUPPORTED_HOOKS: tuple[str, ...] = (
     "hook_resid_post",
     "mlp.hook_router_logits",
 )
+KNOWN_HOOKS = SUPPORTED_HOOKS
 ROUTER_HOOK = "mlp.hook_router_logits"
-#: All TransformerLens names the spec language knows; the others are "not yet supported".
-KNOWN_HOOKS: tuple[str, ...] = (
-    "hook_resid_pre",
-    "hook_attn_out",
-    "hook_resid_mid",
-    "hook_mlp_out",
-    "hook_resid_post",
-    "mlp.hook_router_logits",
-)
 SUPPORTED_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp", "router_bias")
 KNOWN_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp", "router_bias")
 KNOWN_READ_KINDS: tuple[str, ...] = ("capture", "linear_probe")
