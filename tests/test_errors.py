@@ -163,9 +163,13 @@ def test_builder_errors():
         a.write("ablate", vector=unit_rms(0), value=1.0)
         a.to_spec()
     with pytest.raises(XmixSpecError, match=r"'router_bias' writes go to 'mlp.hook_router_logits' and only there"):
-        deploy(_app(hook="blocks.3.mlp.hook_router_logits"))
-    with pytest.raises(XmixSpecError, match=r"submodule: unknown hook 'blocks.3.attn.hook_pattern'; known TransformerLens hook names"):
-        deploy(_app(hook="blocks.3.attn.hook_pattern"))
+        deploy(_app(hook="mlp.hook_router_logits"))
+    with pytest.raises(XmixSpecError, match=r"submodule: unknown hook 'blocks.\{L\}.attn.hook_pattern'; known TransformerLens hook names"):
+        deploy(_app(hook="blocks.{L}.attn.hook_pattern"))
+    with pytest.raises(XmixSpecError, match=r"submodule: 'blocks.2.hook_resid_post' names layer 2; give layers with \.layers"):
+        MIApp("b").write("add", vector=unit_rms(0)).submodule("blocks.2.hook_resid_post")
+    with pytest.raises(XmixSpecError, match=r"value: a 'clamp' write needs the target projection value"):
+        MIApp("c").write("clamp", vector=unit_rms(0)).to_spec()
     with pytest.raises(XmixSpecError, match=r"expected a 1-D vector"):
         MIApp("m").write("add", vector=np.ones((2, D_MODEL)))
     with pytest.raises(XmixSpecError, match=r"name: 'bad name!' must match"):

@@ -23,7 +23,9 @@ def deployment():
     m.write("router_bias", vector=MASK).layers("all").submodule("mlp.hook_router_logits")
     b = MIApp("boost")
     b.write("router_bias", vector=BOOST, scale=1.0).layers([1, 2]).submodule("blocks.{L}.mlp.hook_router_logits")
-    return deploy(m, b)
+    rest = MIApp("mask013")  # with mask2, every expert would be masked
+    rest.write("router_bias", vector=[-math.inf, -math.inf, 0.0, -math.inf]).layers([3]).submodule("mlp.hook_router_logits")
+    return deploy(m, b, rest)
 
 
 @contextlib.contextmanager
@@ -118,10 +120,37 @@ def test_router_bias_errors(tiny_llama):
         deploy(b)
     c = MIApp("r")
     c.write("add", vector=[-math.inf] + [0.0] * 63)
-    with pytest.raises(XmixSpecError, match=r"contains NaN or inf"):
+    with pytest.raises(XmixSpecError, match=r"vector: contains -inf \(allowed only in router_bias masks\)"):
         deploy(c)
     # a dense model has no router: an error at engine start, not a no-op
     d = MIApp("r")
     d.write("router_bias", vector=MASK).submodule("mlp.hook_router_logits")
     with pytest.raises(ValueError, match=r"hook: 'mlp.hook_router_logits' is not available on LlamaForCausalLM"):
         make_llm(tiny_llama, "eager", additional_config=deploy(d))
+
+
+def test_router_requests_that_would_produce_nan_are_refused(moe):
+    """A negative scale on a -inf mask, or masks that together cover every expert, would give NaN
+    router weights (and NaN in the KV cache that later requests reuse): refused when added."""
+    llm, hf = moe
+    plain = [hf.greedy(p, N) for p in PROMPTS]
+    with pytest.raises(ValueError, match=r"mi_apps\[0\]\.scale: must be >= 0 for app 'mask2'"):
+        _gen(llm, _sp([{"name": "mask2", "scale": -1.0}]))
+    with pytest.raises(ValueError, match=r"mi_apps: the selected apps mask every expert at layer 3"):
+        _gen(llm, _sp(["mask2", "mask013"]))
+    # each alone is fine; on other layers they do not overlap
+    assert _gen(llm, _sp([{"name": "mask2", "layers": [0, 1, 2]}, "mask013"])) != plain
+    assert _gen(llm, _sp(None)) == plain  # and the engine still serves, unpolluted
+
+
+def test_router_deployment_errors():
+    from vllm_xmix import MIApp, XmixSpecError, deploy
+
+    a = MIApp("r")
+    a.write("router_bias", vector=[-math.inf] * 4).submodule("mlp.hook_router_logits")
+    with pytest.raises(XmixSpecError, match=r"vector: masks every expert"):
+        deploy(a)
+    b = MIApp("r")
+    b.write("router_bias", vector=MASK, scale=-1.0).submodule("mlp.hook_router_logits")
+    with pytest.raises(XmixSpecError, match=r"scale: must be >= 0 for a router_bias with -inf masks"):
+        deploy(b)

@@ -30,6 +30,7 @@ from .spec import (
     CONFIG_KEY,
     XmixSpecError,
     check_request_against_deployment,
+    check_router_masks,
     parse_deployment,
     parse_request_apps,
     request_to_wire,
@@ -208,8 +209,9 @@ def validate_request(vllm_config, params):
             f"mi_apps: app(s) {[a.name for a in apps]} requested but no apps are deployed on this "
             "engine (start it with additional_config={'xmix': ...}, see vllm_xmix.deploy)"
         )
-    check_request_against_deployment(apps, dep, _text_config(vllm_config.model_config).num_hidden_layers,
-                                     hashes=hashes)
+    n_layers = _text_config(vllm_config.model_config).num_hidden_layers
+    check_request_against_deployment(apps, dep, n_layers, hashes=hashes)
+    check_router_masks(apps, dep, n_layers)
     wire = request_to_wire(apps)
     # apps whose coefficients are all zero change nothing: they do not split the prefix cache
     effective = []

@@ -8,11 +8,11 @@ the set of hook sites is part of vLLM's config hash and therefore of the torch.c
 Requests then only *switch* deployed apps on, with their own scale
 (``SamplingParams(mi_apps=[{"name": "happy", "scale": 4.0}])``).
 
-Supported now (the spine): the write kind ``add`` (activation addition, Turner et al. 2023,
-"Steering language models with activation engineering": ``h += scale * v``) at
-``blocks.{L}.hook_resid_post``. Reads, other write kinds and conditions are part of the spec
-language but are rejected with a clear ``ValueError`` until they are implemented: a declared op
-never silently does nothing.
+Supported now: the write kinds ``add`` (activation addition, Turner et al. 2023), ``ablate``
+(directional ablation, Arditi et al. 2024), ``clamp`` and ``router_bias`` (SteerMoE, Fayyaz et
+al. 2026) at the TransformerLens hook points of :data:`SUPPORTED_HOOKS` (see docs/hooks.md).
+Reads and conditions are part of the spec language but are rejected with a clear
+``ValueError`` until they are implemented: a declared op never silently does nothing.
 """
 
 from __future__ import annotations
@@ -89,7 +89,13 @@ def _hook_name(hook: str) -> str:
     """Normalise ``"resid_post"``, ``"hook_resid_post"`` or ``"blocks.{L}.hook_resid_post"``."""
     if not isinstance(hook, str):
         raise XmixSpecError(f"submodule: expected a hook name string, got {type(hook).__name__}")
-    h = re.sub(r"^blocks\.(\d+|\{L\})\.", "", hook.strip())
+    m = re.match(r"^blocks\.(\d+)\.", hook.strip())
+    if m:
+        raise XmixSpecError(
+            f"submodule: {hook!r} names layer {m.group(1)}; give layers with .layers([...]) and the hook "
+            f"as 'blocks.{{L}}.{hook.strip()[m.end():]}' or {hook.strip()[m.end():]!r}"
+        )
+    h = re.sub(r"^blocks\.\{L\}\.", "", hook.strip())
     if h in KNOWN_HOOKS:
         return h
     if "hook_" + h in KNOWN_HOOKS:
@@ -126,7 +132,8 @@ class WriteOp(BaseModel):
         layers: decoder-layer indices (0-based) or ``"all"``.
         vector: float values, length ``d_model`` (the model's hidden size), or a ``VectorFile``.
         scale: default coefficient; a request may override it (0 = off).
-        value: clamp target (projection on ``r``, in the activation's units); only for ``clamp``.
+        value: clamp target (projection on ``r``, in the activation's units); required for
+            ``clamp`` and refused for the other kinds.
         cond: reserved for conditional writes (not yet supported: rejected).
     """
 
@@ -184,8 +191,14 @@ class WriteOp(BaseModel):
         if (self.kind == "router_bias") != (self.hook == ROUTER_HOOK):
             raise ValueError(f"kind: 'router_bias' writes go to {ROUTER_HOOK!r} and only there "
                              f"(got kind {self.kind!r} at {self.hook!r})")
-        if self.kind != "router_bias" and isinstance(self.vector, list) and any(math.isinf(x) for x in self.vector):
-            raise ValueError("vector: contains NaN or inf")
+        if isinstance(self.vector, list) and any(math.isinf(x) for x in self.vector):
+            if self.kind != "router_bias":
+                raise ValueError("vector: contains -inf (allowed only in router_bias masks)")
+            if all(math.isinf(x) for x in self.vector):
+                raise ValueError("vector: masks every expert (-inf everywhere): the router would produce NaN")
+            if self.scale < 0:
+                raise ValueError(f"scale: must be >= 0 for a router_bias with -inf masks (got {self.scale}); "
+                                 "a negative scale turns the mask into +inf (NaN in the router)")
         return self
 
     @field_validator("scale", mode="before")
@@ -202,6 +215,8 @@ class WriteOp(BaseModel):
     def _value_only_for_clamp(self):
         if self.value is not None and self.kind != "clamp":
             raise ValueError(f"value: only a 'clamp' write takes a value (this write is {self.kind!r})")
+        if self.value is None and self.kind == "clamp":
+            raise ValueError("value: a 'clamp' write needs the target projection value (use 'ablate' for 0)")
         return self
 
     @field_validator("cond")
@@ -397,6 +412,10 @@ def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int, n_ex
             resolve_layers(op.layers, n_layers, f + ".layers")
             vec = load_vector(op.vector, f + ".vector", allow_neg_inf=op.kind == "router_bias")
             if op.kind == "router_bias":
+                if np.isneginf(vec).all():
+                    raise XmixSpecError(f"{f}.vector: masks every expert (-inf everywhere)")
+                if np.isneginf(vec).any() and op.scale < 0:
+                    raise XmixSpecError(f"{f}.scale: must be >= 0 for a router_bias with -inf masks")
                 if n_experts is None:
                     raise XmixSpecError(f"{f}.hook: this model has no MoE router")
                 if vec.shape[0] != n_experts:
@@ -479,6 +498,13 @@ def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConf
             raise XmixSpecError(
                 f"{field}[{i}].name: unknown app {ra.name!r}; deployed apps: {names or 'none (no additional_config.xmix)'}"
             ) from None
+        if ra.scale is not None and ra.scale < 0 and any(
+                op.kind == "router_bias" and isinstance(op.vector, list) and any(math.isinf(x) for x in op.vector)
+                for op in app.ops):
+            raise XmixSpecError(
+                f"{field}[{i}].scale: must be >= 0 for app {ra.name!r}, whose router_bias masks experts "
+                f"with -inf (got {ra.scale}); a negative scale turns the mask into +inf/NaN"
+            )
         if ra.hash is not None:
             deployed = (hashes or {}).get(ra.name) or app.content_hash()
             if ra.hash != deployed:
@@ -496,6 +522,30 @@ def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConf
                     f"{field}[{i}].layers: layer {bad[0]} is not a deployed layer of app {ra.name!r} "
                     f"(deployed: {sorted(allowed)})"
                 )
+
+
+def check_router_masks(apps: list[RequestApp], dep: DeploymentConfig, n_layers: int,
+                       field: str = "mi_apps") -> None:
+    """Raises XmixSpecError if the router masks of the selected apps together mask every expert
+    at some layer (softmax over all -inf logits is NaN, and NaN would reach the KV cache)."""
+    masked: dict[int, set[int]] = {}
+    n_exp = None
+    for ra in apps:
+        if ra.scale == 0:
+            continue
+        for op in dep.app(ra.name).ops:
+            if op.kind != "router_bias" or not isinstance(op.vector, list):
+                continue
+            n_exp = len(op.vector)
+            idx = {j for j, x in enumerate(op.vector) if math.isinf(x)}
+            layers = resolve_layers(op.layers, n_layers, field)
+            if ra.layers is not None:
+                layers = [L for L in layers if L in set(ra.layers)]
+            for L in layers:
+                masked.setdefault(L, set()).update(idx)
+    for L, idx in sorted(masked.items()):
+        if n_exp is not None and len(idx) >= n_exp:
+            raise XmixSpecError(f"{field}: the selected apps mask every expert at layer {L} (-inf everywhere)")
 
 
 def request_to_wire(apps: list[RequestApp]) -> dict[str, Any]:
@@ -568,7 +618,8 @@ class MIApp:
 
     def write(self, kind: str = "add", *, vector=None, scale: float = 1.0, value: float | None = None,
               key: str | None = None) -> _OpBuilder:
-        """Declare a write (``"add"``, ``"ablate"``, ``"clamp"``; see :class:`WriteOp`).
+        """Declare a write (``"add"``, ``"ablate"``, ``"clamp"`` with ``value``, ``"router_bias"``;
+        see :class:`WriteOp` for shapes and semantics).
         Returns the op builder (``.layers``, ``.submodule``, ``.cond``)."""
         if vector is None:
             raise XmixSpecError(f"{self.name}.write: vector is required")
