@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch.library import Library
 
+from vllm.forward_context import get_forward_context, is_forward_context_available
+
 from .kernels.row_write import row_write_reference, row_write_triton
 from .kernels.steer_add import HAS_TRITON, steer_add
 from .runtime import STATE_KEY
@@ -25,8 +27,6 @@ _LIB: Library | None = None
 
 
 def _state():
-    from vllm.forward_context import get_forward_context, is_forward_context_available
-
     if not is_forward_context_available():
         raise RuntimeError("vllm_xmix: hook op called outside a vLLM forward context")
     st = get_forward_context().no_compile_layers.get(STATE_KEY)

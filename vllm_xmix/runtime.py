@@ -30,7 +30,7 @@ from .spec import (
     CONFIG_KEY,
     DeploymentConfig,
     XmixSpecError,
-    load_vector,
+    load_op_vector,
     parse_deployment,
     parse_request_apps,
     resolve_layers,
@@ -87,18 +87,12 @@ class XmixState:
         for ai, app in enumerate(deployment.apps):
             for oi, op in enumerate(app.ops):
                 f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}"
-                v = load_vector(op.vector, f + ".vector", allow_neg_inf=op.kind == "router_bias")
-                want = n_experts if op.kind == "router_bias" else d_model
-                if v.shape[0] != want:
-                    raise XmixSpecError(f"{f}.vector: length {v.shape[0]} != {want}")
+                v = load_op_vector(op, f, d_model, n_experts)
                 if v.shape[0] < width:  # router biases live in the first n_experts columns
                     v = np.concatenate([v, np.zeros(width - v.shape[0], np.float32)])
                 kind = ADD if op.kind in ("add", "router_bias") else PROJ
-                if kind == PROJ:
-                    norm = float(np.linalg.norm(v.astype(np.float64)))
-                    if norm == 0.0:
-                        raise XmixSpecError(f"{f}.vector: zero vector has no direction to {op.kind}")
-                    v = (v / norm).astype(np.float32)
+                if kind == PROJ:  # stored as a unit direction
+                    v = (v / np.linalg.norm(v.astype(np.float64))).astype(np.float32)
                 for L in resolve_layers(op.layers, n_layers, f + ".layers"):
                     per_site.setdefault((L, op.hook), []).append(len(st.entries))
                     st.entries.append(Entry(app.name, oi, L, op.hook, op.scale, kind, float(op.value or 0.0)))

@@ -400,6 +400,31 @@ def resolve_layers(layers: list[int] | str, n_layers: int, field: str) -> list[i
     return list(layers)
 
 
+def load_op_vector(op: WriteOp, field: str, d_model: int, n_experts: int | None) -> np.ndarray:
+    """Load one op's vector (float32, as stored) and check it against the model: length
+    ``d_model`` (``n_experts`` for ``router_bias``), a direction for ablate/clamp, safe masks.
+
+    Raises:
+        XmixSpecError: naming the field.
+    """
+    vec = load_vector(op.vector, field + ".vector", allow_neg_inf=op.kind == "router_bias")
+    if op.kind == "router_bias":
+        if np.isneginf(vec).all():
+            raise XmixSpecError(f"{field}.vector: masks every expert (-inf everywhere)")
+        if np.isneginf(vec).any() and op.scale < 0:
+            raise XmixSpecError(f"{field}.scale: must be >= 0 for a router_bias with -inf masks")
+        if n_experts is None:
+            raise XmixSpecError(f"{field}.hook: this model has no MoE router")
+        if vec.shape[0] != n_experts:
+            raise XmixSpecError(f"{field}.vector: length {vec.shape[0]} != n_experts {n_experts} of this model")
+        return vec
+    if vec.shape[0] != d_model:
+        raise XmixSpecError(f"{field}.vector: length {vec.shape[0]} != d_model {d_model} of this model")
+    if op.kind in ("ablate", "clamp") and not np.any(vec):
+        raise XmixSpecError(f"{field}.vector: zero vector has no direction to {op.kind}")
+    return vec
+
+
 def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int, n_experts: int | None = None) -> None:
     """Check a deployment against the model (layer range, vector size, finiteness).
 
@@ -410,21 +435,7 @@ def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int, n_ex
         for oi, op in enumerate(app.ops):
             f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}"
             resolve_layers(op.layers, n_layers, f + ".layers")
-            vec = load_vector(op.vector, f + ".vector", allow_neg_inf=op.kind == "router_bias")
-            if op.kind == "router_bias":
-                if np.isneginf(vec).all():
-                    raise XmixSpecError(f"{f}.vector: masks every expert (-inf everywhere)")
-                if np.isneginf(vec).any() and op.scale < 0:
-                    raise XmixSpecError(f"{f}.scale: must be >= 0 for a router_bias with -inf masks")
-                if n_experts is None:
-                    raise XmixSpecError(f"{f}.hook: this model has no MoE router")
-                if vec.shape[0] != n_experts:
-                    raise XmixSpecError(f"{f}.vector: length {vec.shape[0]} != n_experts {n_experts} of this model")
-                continue
-            if vec.shape[0] != d_model:
-                raise XmixSpecError(f"{f}.vector: length {vec.shape[0]} != d_model {d_model} of this model")
-            if op.kind in ("ablate", "clamp") and not np.any(vec):
-                raise XmixSpecError(f"{f}.vector: zero vector has no direction to {op.kind}")
+            load_op_vector(op, f, d_model, n_experts)
 
 
 # --------------------------------------------------------------------------------------------
