@@ -121,9 +121,35 @@ class HFOracle:
         raise KeyError(hook)
 
     @torch.no_grad()
-    def greedy(self, prompt_ids: list[int], n: int, deltas: dict | None = None, fns: dict | None = None) -> list[int]:
-        """``deltas``: {layer or (layer, hook): [d_model] array added}; ``fns``: {(layer, hook):
-        [fn, ...]} with fn(x_full [.., d_model] tensor) -> delta, applied in order."""
+    def record(self, ids: list[int], reads: list[tuple[int, str]], deltas: dict | None = None,
+               fns: dict | None = None) -> dict[tuple[int, str], np.ndarray]:
+        """One forward over ``ids`` (prompt + generated[:-1]: the positions vLLM processed) with
+        the same writes as :meth:`greedy`; returns the value at each ``(layer, hook)`` read,
+        float32 ``[len(ids), d]``, seen after the writes at that hook (reads registered last).
+        ``(L, "mlp.hook_router_logits")``: the Mixtral gate's logits ``[len(ids), n_experts]``."""
+        got: dict = {}
+        handles = self._writes(deltas, fns)
+        for L, hook in reads:
+            if hook == "mlp.hook_router_logits":
+                gate = self.model.model.layers[L].mlp.gate
+                handles.append(gate.register_forward_hook(
+                    lambda m, a, out, k=(L, hook): got.__setitem__(k, (out[0] if isinstance(out, tuple) else out)
+                                                                   .reshape(len(ids), -1).float().numpy().copy())))
+                continue
+
+            def rec(x, k=(L, hook)):
+                got[k] = x.reshape(len(ids), -1).float().numpy().copy()
+                return torch.zeros_like(x)
+
+            handles += self._register(L, hook, rec)
+        try:
+            self.model(torch.tensor([ids]))
+        finally:
+            for h in handles:
+                h.remove()
+        return got
+
+    def _writes(self, deltas, fns) -> list:
         handles = []
         for key, d in (deltas or {}).items():
             L, hook = (key, "hook_resid_post") if isinstance(key, int) else key
@@ -132,6 +158,13 @@ class HFOracle:
         for (L, hook), fl in (fns or {}).items():
             for f in fl:
                 handles += self._register(L, hook, f)
+        return handles
+
+    @torch.no_grad()
+    def greedy(self, prompt_ids: list[int], n: int, deltas: dict | None = None, fns: dict | None = None) -> list[int]:
+        """``deltas``: {layer or (layer, hook): [d_model] array added}; ``fns``: {(layer, hook):
+        [fn, ...]} with fn(x_full [.., d_model] tensor) -> delta, applied in order."""
+        handles = self._writes(deltas, fns)
         try:
             ids = list(prompt_ids)
             for _ in range(n):

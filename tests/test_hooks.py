@@ -25,11 +25,31 @@ PROJ = {
     "clamp_post": ("clamp", "hook_resid_post", [0, 2], 25, 1.0, -8.0),
 }
 
+# read apps: app name -> (hook, layers, seed); each has a probe "probe" (sigmoid on odd seeds) and
+# a capture "cap" of every position
+READS = {
+    "rd_pre": ("hook_resid_pre", [0, 2], 31),
+    "rd_attn": ("hook_attn_out", [1], 32),
+    "rd_mid": ("hook_resid_mid", [1, 3], 33),
+    "rd_mlp": ("hook_mlp_out", [2], 34),
+    "rd_post": ("hook_resid_post", [0, 3], 35),
+}
+BIAS = 0.25
+
 
 def deployment():
     from vllm_xmix import MIApp, deploy
 
     apps = []
+    for name, (hook, layers, seed) in READS.items():
+        a = MIApp(name)
+        a.read("linear_probe", weight=unit_rms(seed) / 8, bias=BIAS, sigmoid=bool(seed % 2)).layers(layers).submodule(hook)
+        a.read("capture", name="cap").layers(layers).submodule(hook)
+        apps.append(a)
+    pos = MIApp("rd_pos")  # captures of generated positions and of the last prompt token
+    pos.read("capture", positions="generated", name="gen").layers([2]).submodule("hook_resid_post")
+    pos.read("capture", positions="last", name="last").layers([2]).submodule("hook_resid_post")
+    apps.append(pos)
     for name, (hook, layers, seed) in HOOKS.items():
         a = MIApp(name)
         a.write("add", vector=unit_rms(seed), scale=SCALE).layers(layers).submodule(f"blocks.{{L}}.{hook}")
@@ -144,3 +164,107 @@ def test_projection_and_add_compose_in_order(arch_engine):
     got = [list(o.outputs[0].token_ids) for o in outs]
     want = [hf.greedy(p, N, fns=merged) if i % 2 == 0 else hf.greedy(p, N) for i, p in enumerate(PROMPTS)]
     assert got == want
+
+
+# ------------------------------------------------------------------------------------------ reads
+
+
+def close(got, want, what):
+    """Within 1e-4 relative per token (relative to the token's largest magnitude)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    scale = np.maximum(np.abs(want).reshape(len(want), -1).max(axis=1), 1.0)
+    err = np.abs(got - want).reshape(len(want), -1).max(axis=1) / scale
+    assert err.max() <= 1e-4, f"{what}: relative error {err.max():.2e} at position {int(err.argmax())}"
+
+
+def expected_reads(hf, ids, names, deltas_=None, fns=None):
+    """{(app, read, layer): expected array} from the HF oracle (writes first, then reads)."""
+    import torch
+
+    sites = sorted({(L, READS[n][0]) for n in names for L in READS[n][1]})
+    rec = hf.record(ids, sites, deltas_, fns)
+    out = {}
+    for n in names:
+        hook, layers, seed = READS[n]
+        w = unit_rms(seed).astype(np.float64) / 8
+        for L in layers:
+            x = rec[(L, hook)].astype(np.float64)
+            s = x @ w + BIAS
+            out[(n, "probe", L)] = torch.sigmoid(torch.from_numpy(s)).numpy() if seed % 2 else s
+            out[(n, "cap", L)] = x
+    return out
+
+
+def result(res, app, read, layer):
+    r = res[app][read]
+    return r[layer] if isinstance(r, dict) else r
+
+
+def check_reads(o, prompt, hf, names, deltas_=None, fns=None):
+    toks = list(o.outputs[0].token_ids)
+    ids = list(prompt) + toks[:-1]  # the positions vLLM processed
+    for (app, read, L), want in expected_reads(hf, ids, names, deltas_, fns).items():
+        got = result(o.mi_results, app, read, L)
+        assert got.dtype == np.float32
+        assert len(got) == len(ids), f"{app}.{read}@{L}: {len(got)} values for {len(ids)} processed tokens"
+        assert not np.isnan(got).any(), f"{app}.{read}@{L}: missing values"
+        close(got, want, f"{app}.{read}@{L}")
+
+
+def test_reads_each_hook_equal_hf_and_change_nothing(arch_engine):
+    from vllm_xmix import SamplingParams
+
+    llm, hf = arch_engine
+    plain = gen(llm, None)
+    names = list(READS)
+    p = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, mi_apps=names)
+    outs = llm.generate([{"prompt_token_ids": q} for q in PROMPTS], p, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs] == plain, "a read-only app changed the tokens"
+    for o, q in zip(outs, PROMPTS):
+        check_reads(o, q, hf, names)
+    none = llm.generate([{"prompt_token_ids": PROMPTS[0]}], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    assert none[0].mi_results is None
+
+
+def test_reads_see_writes_and_mixed_batch_equals_solo(arch_engine):
+    """At one hook point the writes apply first, then the reads; requests with different read and
+    write apps in one batch get what they get alone."""
+    from vllm_xmix import SamplingParams
+
+    llm, hf = arch_engine
+    sels = [["post", "rd_post", "abl_mid", "rd_mid"], ["rd_pre"], None, [{"name": "rd_attn"}, {"name": "attn", "scale": -2.0}]]
+    writes = [(deltas(["post"]), proj_fns(["abl_mid"])), (None, None), (None, None), (deltas(["attn"], -2.0), None)]
+    params = [SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, mi_apps=s) for s in sels]
+    batch = llm.generate([{"prompt_token_ids": q} for q in PROMPTS], params, use_tqdm=False)
+    for i, (o, q, s) in enumerate(zip(batch, PROMPTS, sels)):
+        d, f = writes[i]
+        assert list(o.outputs[0].token_ids) == hf.greedy(q, N, d, f)
+        if s is None:
+            assert o.mi_results is None
+            continue
+        names = [x if isinstance(x, str) else x["name"] for x in s]
+        check_reads(o, q, hf, [n for n in names if n in READS], d, f)
+        solo = llm.generate([{"prompt_token_ids": q}], params[i], use_tqdm=False)[0]
+        for app, reads in o.mi_results.items():
+            for read, v in reads.items():
+                for L, arr in (v.items() if isinstance(v, dict) else [(None, v)]):
+                    s_arr = result(solo.mi_results, app, read, L) if L is not None else solo.mi_results[app][read]
+                    np.testing.assert_allclose(arr, s_arr, rtol=1e-5, atol=1e-5, err_msg=f"{app}.{read}@{L}")
+
+
+def test_capture_positions_generated_and_last(arch_engine):
+    from vllm_xmix import SamplingParams
+
+    llm, hf = arch_engine
+    p = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, mi_apps=["rd_pos"])
+    outs = llm.generate([{"prompt_token_ids": q} for q in PROMPTS], p, use_tqdm=False)
+    for o, q in zip(outs, PROMPTS):
+        toks = list(o.outputs[0].token_ids)
+        x = hf.record(list(q) + toks[:-1], [(2, "hook_resid_post")])[(2, "hook_resid_post")]
+        P = len(q)
+        got = o.mi_results["rd_pos"]
+        assert got["gen"].shape == (N, x.shape[1])  # one row per generated token
+        close(got["gen"], x[P - 1:], "gen")
+        assert got["last"].shape == (x.shape[1],)
+        close(got["last"][None], x[P - 1][None], "last")

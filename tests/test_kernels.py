@@ -246,3 +246,87 @@ def test_router_mask_cuda():
 
 def test_router_mask_interpreter():
     run_interpreted("_mask_check")
+
+
+# ------------------------------------------------------------------ read_rows (probe / capture)
+
+READ_CASES = [  # (T, D, S, kinds of all entries (2 probe, 3 capture), site entries, with other)
+    (6, 64, 3, [2, 3, 2], [0, 1, 2], True),
+    (5, 100, 2, [3], [0], False),
+    (9, 1500, 4, [2, 0, 3], [2, 0], True),  # an entry of another kind in the table, not at this site
+    (0, 64, 2, [2], [0], True),
+]
+
+
+def make_read_inputs(T, D, S, kinds, entries, with_other, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    E = len(kinds)
+    h = torch.randn(T, D, generator=g).to(dtype)
+    other = torch.randn(T, D, generator=g).to(dtype) if with_other else None
+    tok_slot = torch.randint(0, S, (T + 3,), generator=g, dtype=torch.int32)
+    coef = (torch.rand(S, E, generator=g) > 0.3).float()
+    coef[0] = 0.0
+    cols, c = [], 0
+    for k in kinds:
+        cols.append(c)
+        c += D if k == 3 else 1
+    flags = [i % 2 for i in range(E)]
+    bias = torch.randn(E, generator=g).tolist()
+    vec = torch.randn(E, D + 5, generator=g)  # the table may be wider than D
+    out = torch.full((T + 2, c), 7.0)  # stale values: rows that are off must keep them
+    mv = lambda x: None if x is None else x.to(device)  # noqa: E731
+    return h.to(device), mv(other), tok_slot.to(device), coef.to(device), entries, kinds, cols, flags, bias, \
+        vec.to(device), out.to(device)
+
+
+def read_definition(h, other, tok_slot, coef, entries, kinds, cols, flags, bias, vec, out):
+    """The semantics of kernels/read_rows.py as a plain loop."""
+    out = out.clone()
+    D = h.shape[1]
+    for t in range(h.shape[0]):
+        x = h[t].float() + (other[t].float() if other is not None else 0)
+        for e in entries:
+            if coef[int(tok_slot[t]), e] != 0:
+                if kinds[e] == 2:
+                    s = float(x @ vec[e, :D]) + bias[e]
+                    out[t, cols[e]] = 1 / (1 + math.exp(-s)) if flags[e] else s
+                else:
+                    out[t, cols[e]:cols[e] + D] = x
+    return out
+
+
+@pytest.mark.parametrize("case", READ_CASES)
+def test_read_reference_matches_definition(case):
+    from vllm_xmix.kernels.read_rows import read_rows_reference
+
+    args = make_read_inputs(*case, torch.float32, "cpu")
+    want = read_definition(*args)
+    h, other, tok_slot, coef, entries, kinds, cols, flags, bias, vec, out = args
+    read_rows_reference(h, other, tok_slot, coef, entries, kinds, cols, flags, bias, vec, out)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def _read_triton_check(device: str) -> None:
+    from vllm_xmix.kernels.read_rows import read_rows_reference, read_rows_triton
+
+    for case in READ_CASES:
+        for dtype in (torch.float32, torch.bfloat16):
+            h, other, tok_slot, coef, entries, kinds, cols, flags, bias, vec, out = make_read_inputs(
+                *case, dtype, device, seed=3)
+            want = out.clone()
+            read_rows_reference(h, other, tok_slot, coef, entries, kinds, cols, flags, bias, vec, want)
+            got = out.clone()
+            dev = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
+            read_rows_triton(h, other, tok_slot, coef, dev(entries, torch.int32), dev(kinds, torch.int32),
+                             dev(cols, torch.int32), dev(flags, torch.int32), dev(bias, torch.float32), vec, got)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+            assert (got[h.shape[0]:] == 7.0).all()  # rows past T untouched
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_read_triton_matches_reference_cuda():
+    _read_triton_check("cuda")
+
+
+def test_read_triton_matches_reference_interpreter():
+    run_interpreted("_read_triton_check")

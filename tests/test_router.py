@@ -14,6 +14,7 @@ from conftest import PROMPTS, close_llm, make_llm
 N = 8
 MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off
 BOOST = [4.0, 0.0, 0.0, -1.0]
+PROBE_W = [0.5, -1.0, 0.25, 2.0]
 
 
 def deployment():
@@ -25,7 +26,10 @@ def deployment():
     b.write("router_bias", vector=BOOST, scale=1.0).layers([1, 2]).submodule("blocks.{L}.mlp.hook_router_logits")
     rest = MIApp("mask013")  # with mask2, every expert would be masked
     rest.write("router_bias", vector=[-math.inf, -math.inf, 0.0, -math.inf]).layers([3]).submodule("mlp.hook_router_logits")
-    return deploy(m, b, rest)
+    r = MIApp("rlog")  # reads of the router logits: capture and a probe over experts
+    r.read("capture", name="logits").layers([1, 3]).submodule("mlp.hook_router_logits")
+    r.read("linear_probe", weight=PROBE_W, bias=0.5).layers([1, 3]).submodule("mlp.hook_router_logits")
+    return deploy(m, b, rest, r)
 
 
 @contextlib.contextmanager
@@ -154,3 +158,24 @@ def test_router_deployment_errors():
     b.write("router_bias", vector=MASK, scale=-1.0).submodule("mlp.hook_router_logits")
     with pytest.raises(XmixSpecError, match=r"scale: must be >= 0 for a router_bias with -inf masks"):
         deploy(b)
+
+
+def test_router_logit_reads_equal_hf(moe):
+    """Reads at mlp.hook_router_logits see the logits after the router writes (boost at layer 1,
+    none at layer 3), one row per processed token, within 1e-4 relative of HF."""
+    import numpy as np
+    from test_hooks import close
+
+    llm, hf = moe
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _sp(["boost", "rlog"]), use_tqdm=False)
+    boost = {L: torch.tensor(BOOST) for L in (1, 2)}
+    for o, p in zip(outs, PROMPTS):
+        ids = list(p) + list(o.outputs[0].token_ids)[:-1]
+        with hf_router_bias(hf.model, boost):
+            assert list(o.outputs[0].token_ids) == hf.greedy(p, N)
+            rec = hf.record(ids, [(1, "mlp.hook_router_logits"), (3, "mlp.hook_router_logits")])
+        for L in (1, 3):
+            x = rec[(L, "mlp.hook_router_logits")]
+            assert x.shape == (len(ids), 4)
+            close(o.mi_results["rlog"]["logits"][L], x, f"logits@{L}")
+            close(o.mi_results["rlog"]["probe"][L], x.astype(np.float64) @ np.array(PROBE_W) + 0.5, f"probe@{L}")

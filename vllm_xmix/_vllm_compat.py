@@ -14,8 +14,14 @@ Patches (applied by :func:`apply_patches`, idempotent, no CUDA initialisation):
   must not be shared with unsteered requests through the prefix cache);
 * model runners, V1 (``GPUModelRunner``, also the base of the CPU runner) and V2
   (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``): ``execute_model`` pre-hook (request
-  registry, hook self-check) and ``_prepare_inputs`` / ``prepare_inputs`` post-hook (per-token
-  fill of the device buffers before the forward).
+  registry, hook self-check) and post-hook (copy of the step's read values),
+  ``_prepare_inputs`` / ``prepare_inputs`` post-hook (per-token fill of the device buffers before
+  the forward), ``sample_tokens`` post-hook (the step's read values ride on its
+  ``ModelRunnerOutput`` as ``xmix_reads``; for async outputs, when ``get_output()`` runs);
+* ``Scheduler.update_from_output``: read values are kept per request until the request's next
+  ``EngineCoreOutput`` and travel in its ``kv_transfer_params["xmix"]`` to the front end;
+* ``RequestState.make_request_output`` (front end): the values are assembled per position and
+  set as ``RequestOutput.mi_results`` (see :mod:`vllm_xmix.results`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import hashlib
 import inspect
 import json
 import logging
+import uuid
 
 from .spec import (
     CONFIG_KEY,
@@ -40,7 +47,7 @@ from .spec import (
 logger = logging.getLogger("vllm.xmix")
 
 SUPPORTED_VLLM = ((0, 26, 0), (0, 27, 0))  # [min, max)
-RUNTIME_ID = "vllm-xmix 0.1.0"  # bump with any change to what the hooks put into the graph
+RUNTIME_ID = "vllm-xmix 0.2.0"  # bump with any change to what the hooks put into the graph
 _PATCHED: list[str] = []
 
 
@@ -215,14 +222,23 @@ def validate_request(vllm_config, params):
     wire = request_to_wire(apps)
     # apps whose coefficients are all zero change nothing: they do not split the prefix cache
     effective = []
-    for ra in apps:
+    reads_prompt = False
+    for i, ra in enumerate(apps):
         app = dep.app(ra.name)
-        scales = [op.scale if ra.scale is None else ra.scale for op in app.ops]
+        if ra.scale == 0:
+            continue
+        if app.has_reads and getattr(params, "n", 1) > 1:
+            raise XmixSpecError(f"mi_apps[{i}]: app {ra.name!r} has reads; reads with n > 1 (parallel "
+                                f"sampling) are not supported (got n={params.n})")
+        reads_prompt |= app.reads_prompt()
+        scales = [op.scale if ra.scale is None else ra.scale for op in app.ops if op.primitive == "write"]
         if any(s != 0.0 for s in scales):
             effective.append({"app": hashes[ra.name], "scale": ra.scale, "layers": ra.layers})
     salt = None
     if effective:
         salt = "xmix:" + hashlib.sha256(json.dumps(effective, sort_keys=True).encode()).hexdigest()[:24]
+    if reads_prompt:  # values at every prompt position: the prompt must be computed, never a cache hit
+        salt = f"{salt or 'xmix'}:read-{uuid.uuid4().hex}"
     return wire, salt
 
 
@@ -301,10 +317,52 @@ def _pre_execute(runner, scheduler_output) -> None:
     st.update_requests(scheduler_output)
 
 
-def _post_execute(runner) -> None:
+def _post_execute(runner, out):
     st = _state_of(runner)
     if st is not None:
         st.verify_hooks_fired()  # before sampling: a step without its hooks never emits a token
+        st.snapshot()
+        if out is not None:  # the step ended without a separate sample_tokens call
+            out = _attach_reads(runner, out)
+    return out
+
+
+def _attach_reads(runner, out):
+    """Give the step's read values to its output (``ModelRunnerOutput.xmix_reads``: ``{req_id:
+    [chunk, ...]}``, see ``XmixState.reads_of``); for an async output when ``get_output()`` runs."""
+    st = _state_of(runner)
+    if st is None:
+        return out
+    snap = st.pop_snapshot()
+    if snap is None:
+        return out
+    if out is None:  # no output for this step (a failed step): its values are dropped
+        return out
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput
+
+    def put(o):
+        if o is EMPTY_MODEL_RUNNER_OUTPUT:
+            import copy
+
+            o = copy.copy(o)
+        o.xmix_reads = st.reads_of(snap)
+        return o
+
+    if isinstance(out, AsyncModelRunnerOutput):
+        get = out.get_output
+        out.get_output = lambda: put(get())
+        return out
+    if hasattr(out, "req_ids"):  # a ModelRunnerOutput (not IntermediateTensors)
+        return put(out)
+    return out
+
+
+def _wrap_sample(orig):
+    @functools.wraps(orig)
+    def sample_tokens(self, *args, **kwargs):
+        return _attach_reads(self, orig(self, *args, **kwargs))
+
+    return sample_tokens
 
 
 def _patch_v1_runner() -> None:
@@ -315,8 +373,7 @@ def _patch_v1_runner() -> None:
         def execute_model(self, scheduler_output, *args, **kwargs):
             _pre_execute(self, scheduler_output)
             out = orig(self, scheduler_output, *args, **kwargs)
-            _post_execute(self)
-            return out
+            return _post_execute(self, out)
 
         return execute_model
 
@@ -333,6 +390,7 @@ def _patch_v1_runner() -> None:
         return _prepare_inputs
 
     _mark("V1 GPUModelRunner.execute_model", GPUModelRunner, "execute_model", wrap_exec)
+    _mark("V1 GPUModelRunner.sample_tokens", GPUModelRunner, "sample_tokens", _wrap_sample)
     _mark("V1 GPUModelRunner._prepare_inputs", GPUModelRunner, "_prepare_inputs", wrap_prep)
 
 
@@ -351,7 +409,7 @@ def _patch_v2_runner() -> None:
                 _pre_execute(self, scheduler_output)
             out = orig(self, scheduler_output, *args, **kwargs)
             if not dummy:
-                _post_execute(self)
+                out = _post_execute(self, out)
             return out
 
         return execute_model
@@ -369,7 +427,76 @@ def _patch_v2_runner() -> None:
         return prepare_inputs
 
     _mark("V2 GPUModelRunner.execute_model", V2Runner, "execute_model", wrap_exec)
+    _mark("V2 GPUModelRunner.sample_tokens", V2Runner, "sample_tokens", _wrap_sample)
     _mark("V2 GPUModelRunner.prepare_inputs", V2Runner, "prepare_inputs", wrap_prep)
+
+
+# ------------------------------------------------------------------------------------ results
+
+
+def _patch_scheduler() -> None:
+    """Read values of a step arrive with its ``ModelRunnerOutput``; a request gets an
+    ``EngineCoreOutput`` only in steps that emit a token, so values of earlier prefill chunks wait
+    here (per request) and go out with the next output, in ``kv_transfer_params["xmix"]``."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    def wrap(orig):
+        @functools.wraps(orig)
+        def update_from_output(self, scheduler_output, model_runner_output):
+            reads = getattr(model_runner_output, "xmix_reads", None)
+            pending = self.__dict__.setdefault("_xmix_pending", {})
+            if reads:
+                for rid, chunks in reads.items():
+                    if chunks:
+                        pending.setdefault(rid, []).extend(chunks)
+            outs = orig(self, scheduler_output, model_runner_output)
+            if pending:
+                for eco in outs.values():
+                    for o in eco.outputs:
+                        chunks = pending.pop(o.request_id, None)
+                        if chunks:
+                            o.kv_transfer_params = {**(o.kv_transfer_params or {}), CONFIG_KEY: chunks}
+                for rid in [r for r in pending if r not in self.requests]:
+                    del pending[rid]  # finished or aborted without a further output
+            return outs
+
+        return update_from_output
+
+    _mark("Scheduler.update_from_output", Scheduler, "update_from_output", wrap)
+
+
+def _patch_output_processor() -> None:
+    from vllm.outputs import RequestOutput
+    from vllm.v1.engine.output_processor import RequestState
+
+    from .results import ReadResults
+
+    if not hasattr(RequestOutput, "mi_results"):
+        RequestOutput.mi_results = None  # requests without reads
+
+    def wrap(orig):
+        @functools.wraps(orig)
+        def make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
+                                kv_transfer_params=None, *args, **kwargs):
+            acc = self.__dict__.get("_xmix_reads")
+            if kv_transfer_params and CONFIG_KEY in kv_transfer_params:
+                if acc is None:
+                    n_prompt = (len(self.prompt_token_ids) if self.prompt_token_ids is not None
+                                else len(self.prompt_embeds))
+                    acc = self.__dict__["_xmix_reads"] = ReadResults(n_prompt)
+                acc.add(kv_transfer_params[CONFIG_KEY])
+                kv_transfer_params = {k: v for k, v in kv_transfer_params.items() if k != CONFIG_KEY} or None
+            out = orig(self, new_token_ids, pooling_output, finish_reason, stop_reason, kv_transfer_params,
+                       *args, **kwargs)
+            if acc is not None and isinstance(out, RequestOutput):
+                det = getattr(self, "detokenizer", None)
+                n_gen = det.num_output_tokens() if finish_reason is not None and det is not None else None
+                out.mi_results = acc.assemble(n_generated=n_gen)
+            return out
+
+        return make_request_output
+
+    _mark("RequestState.make_request_output", RequestState, "make_request_output", wrap)
 
 
 # ------------------------------------------------------------------------------------ refusal
@@ -404,4 +531,6 @@ def apply_patches() -> list[str]:
     _patch_layer_classes()
     _patch_v1_runner()
     _patch_v2_runner()
+    _patch_scheduler()
+    _patch_output_processor()
     return list(_PATCHED)

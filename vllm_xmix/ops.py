@@ -2,7 +2,8 @@
 
 ``torch.ops.vllm_xmix.hook_write_(h, other, site)``: apply every write deployed at hook site ``site``
 (an index into the model's :class:`~vllm_xmix.runtime.XmixState`) to ``h`` ``[T, d_model]`` in
-place. It declares ``mutates_args=["h"]`` so torch.compile keeps it and orders it (an op with no
+place, then every read deployed there (into the state's persistent ``out`` buffer: reads see the
+hook's value after its writes). It declares ``mutates_args=["h"]`` so torch.compile keeps it and orders it (an op with no
 declared mutation and no used output is dead-code eliminated, see research notes section 3.1),
 and it is opaque to Dynamo/Inductor. The per-step data it reads (``tok_slot``, ``coef``) is found
 through vLLM's forward context at call time, not traced as globals, so the AOT compile cache
@@ -19,6 +20,7 @@ from torch.library import Library
 
 from vllm.forward_context import get_forward_context, is_forward_context_available
 
+from .kernels.read_rows import read_rows_reference, read_rows_triton
 from .kernels.row_write import row_write_reference, row_write_triton
 from .kernels.steer_add import HAS_TRITON, steer_add
 from .runtime import STATE_KEY
@@ -41,13 +43,24 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
     projection writes only; ``site``: index of the (layer, hook) site in the model's state."""
     st = _state()
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
-    if not st.site_has_proj[site]:  # add-only site: the (token, slice)-parallel kernel
+    triton_ok = h.is_cuda and HAS_TRITON
+    if st.site_entries[site] is None:
+        pass  # read-only site
+    elif not st.site_has_proj[site]:  # add-only site: the (token, slice)-parallel kernel
         steer_add(h, st.tok_slot, st.coef, st.site_entries[site], st.vectors)
-    elif h.is_cuda and HAS_TRITON:
+    elif triton_ok:
         row_write_triton(h, other, st.tok_slot, st.coef, st.site_entries[site], st.kinds, st.values, st.vectors)
     else:
         row_write_reference(h, other, st.tok_slot, st.coef, st.site_entries_host[site], st.kinds_host,
                             st.values_host, st.vectors)
+    if st.site_reads[site] is None:
+        return
+    if triton_ok:
+        read_rows_triton(h, other, st.tok_slot, st.coef, st.site_reads[site], st.kinds, st.cols, st.flags,
+                         st.values, st.vectors, st.out)
+    else:
+        read_rows_reference(h, other, st.tok_slot, st.coef, st.site_reads_host[site], st.kinds_host, st.cols_host,
+                            st.flags_host, st.values_host, st.vectors, st.out)
 
 
 def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:

@@ -10,7 +10,12 @@ Buffers (allocated once at model construction, never reallocated: CUDA graphs ba
 * ``coef``      float32 ``[max_slots, n_entries]``: per slot, one coefficient per
   (app, op, layer) entry; row 0 stays zero.
 * ``vectors``   float32 ``[n_entries, d_model]``: the steering vector of each entry.
-* ``site_entries[site]`` int32: the entries attached at one hook site (layer, hook).
+* ``site_entries[site]`` int32: the write entries attached at one hook site (layer, hook);
+  ``site_reads[site]``: its read entries.
+* ``out``       float32 ``[max_tokens, n_read_cols]``: what reads wrote this step (a probe owns
+  one column, a capture the hook's width); copied out after every forward that had a read on
+  (``snapshot``), before the next step reuses it, and attached to the step's
+  ``ModelRunnerOutput`` as ``xmix_reads`` (``attach``).
 
 Per step (before the forward, on the forward's stream): ``tok_slot[:n]`` is uploaded from a
 pinned staging ring, and coefficient rows of requests that got a slot this step. Nothing here
@@ -25,11 +30,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .kernels.read_rows import CAPTURE, PROBE
 from .kernels.row_write import ADD, PROJ
 from .spec import (
     CONFIG_KEY,
     DeploymentConfig,
     XmixSpecError,
+    hook_width,
     load_op_vector,
     parse_deployment,
     parse_request_apps,
@@ -40,6 +47,9 @@ logger = logging.getLogger("vllm.xmix")
 
 STATE_KEY = "vllm_xmix"
 NULL_SLOT = 0
+#: largest read buffer (``out``) a deployment may ask for; captures of many layers at
+#: ``max_num_batched_tokens`` rows are the way to hit it
+MAX_READ_BUFFER_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -49,8 +59,18 @@ class Entry:
     layer: int
     hook: str
     default_scale: float
-    kind: int = 0  # kernels.row_write.ADD / PROJ
-    value: float = 0.0
+    kind: int = 0  # kernels.row_write.ADD / PROJ, kernels.read_rows.PROBE / CAPTURE
+    value: float = 0.0  # clamp target; probe bias
+    # reads only
+    name: str = ""
+    col: int = 0
+    width: int = 0
+    sigmoid: bool = False
+    positions: str = "all"
+
+    @property
+    def is_read(self) -> bool:
+        return self.kind in (PROBE, CAPTURE)
 
 
 @dataclass
@@ -84,36 +104,67 @@ class XmixState:
         width = max(d_model, n_experts or 0)
         vecs = []
         per_site: dict[tuple[int, str], list[int]] = {}
+        n_cols = 0
         for ai, app in enumerate(deployment.apps):
             for oi, op in enumerate(app.ops):
                 f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}"
                 v = load_op_vector(op, f, d_model, n_experts)
                 if v.shape[0] < width:  # router biases live in the first n_experts columns
                     v = np.concatenate([v, np.zeros(width - v.shape[0], np.float32)])
-                kind = ADD if op.kind in ("add", "router_bias") else PROJ
-                if kind == PROJ:  # stored as a unit direction
-                    v = (v / np.linalg.norm(v.astype(np.float64))).astype(np.float32)
+                read = op.primitive == "read"
+                if read:
+                    kind = PROBE if op.kind == "linear_probe" else CAPTURE
+                elif op.kind in ("add", "router_bias"):
+                    kind = ADD
+                else:
+                    kind = PROJ
+                    v = (v / np.linalg.norm(v.astype(np.float64))).astype(np.float32)  # a unit direction
                 for L in resolve_layers(op.layers, n_layers, f + ".layers"):
                     per_site.setdefault((L, op.hook), []).append(len(st.entries))
-                    st.entries.append(Entry(app.name, oi, L, op.hook, op.scale, kind, float(op.value or 0.0)))
+                    if read:
+                        w = hook_width(op.hook, d_model, n_experts, f)
+                        ncol = 1 if kind == PROBE else w
+                        st.entries.append(Entry(app.name, oi, L, op.hook, 1.0, kind, float(op.bias), name=op.name,
+                                                col=n_cols, width=ncol, sigmoid=op.sigmoid,
+                                                positions=op.positions))
+                        n_cols += ncol
+                    else:
+                        st.entries.append(Entry(app.name, oi, L, op.hook, op.scale, kind, float(op.value or 0.0)))
                     vecs.append(v)
+        if n_cols * max_tokens * 4 > MAX_READ_BUFFER_BYTES:
+            raise XmixSpecError(
+                f"additional_config.xmix: the deployed reads need a {n_cols * max_tokens * 4 / 2**30:.1f} GiB "
+                f"buffer ({n_cols} float32 columns x max_num_batched_tokens {max_tokens}); the limit is "
+                f"{MAX_READ_BUFFER_BYTES / 2**30:.0f} GiB: capture fewer layers or lower max_num_batched_tokens"
+            )
         for key in sorted(per_site):
             st.sites[key] = len(st.sites)
         dev = st.device
         st.tok_slot = torch.zeros(max_tokens, dtype=torch.int32, device=dev)
         st.coef = torch.zeros(max_slots, max(1, len(st.entries)), dtype=torch.float32, device=dev)
         st.vectors = (torch.from_numpy(np.stack(vecs)) if vecs else torch.zeros(1, width, device="cpu")).to(dev)
-        st.site_entries = [None] * len(st.sites)
-        st.site_entries_host = [None] * len(st.sites)
-        st.site_has_proj = [False] * len(st.sites)
+        n = len(st.sites)
+        st.site_entries, st.site_entries_host = [None] * n, [None] * n  # writes
+        st.site_reads, st.site_reads_host = [None] * n, [None] * n
+        st.site_has_proj = [False] * n
         for key, sid in st.sites.items():
-            st.site_entries[sid] = torch.tensor(per_site[key], dtype=torch.int32, device=dev)
-            st.site_entries_host[sid] = list(per_site[key])
-            st.site_has_proj[sid] = any(st.entries[e].kind == PROJ for e in per_site[key])
+            writes = [e for e in per_site[key] if not st.entries[e].is_read]
+            reads = [e for e in per_site[key] if st.entries[e].is_read]
+            st.site_entries[sid] = torch.tensor(writes, dtype=torch.int32, device=dev) if writes else None
+            st.site_entries_host[sid] = writes
+            st.site_reads[sid] = torch.tensor(reads, dtype=torch.int32, device=dev) if reads else None
+            st.site_reads_host[sid] = reads
+            st.site_has_proj[sid] = any(st.entries[e].kind == PROJ for e in writes)
         st.kinds_host = [e.kind for e in st.entries]
         st.values_host = [e.value for e in st.entries]
+        st.cols_host = [e.col for e in st.entries]
+        st.flags_host = [int(e.sigmoid) for e in st.entries]
         st.kinds = torch.tensor(st.kinds_host or [0], dtype=torch.int32, device=dev)
         st.values = torch.tensor(st.values_host or [0.0], dtype=torch.float32, device=dev)
+        st.cols = torch.tensor(st.cols_host or [0], dtype=torch.int32, device=dev)
+        st.flags = torch.tensor(st.flags_host or [0], dtype=torch.int32, device=dev)
+        st.out = torch.zeros(max_tokens if n_cols else 1, max(1, n_cols), dtype=torch.float32, device=dev)
+        st.read_mask = np.array([e.is_read for e in st.entries], dtype=bool)
         st.site_names = {sid: f"blocks.{L}.{h}" for (L, h), sid in st.sites.items()}
         st.calls = [0] * len(st.sites)
         st._app_entries = {}
@@ -126,6 +177,11 @@ class XmixState:
         st.pending_rows: list[tuple[int, np.ndarray]] = []
         st.high_water = 0
         st.forwards = 0
+        # reads: per request the read entries on and the prompt length; per step the rows to copy
+        st.req_reads: dict[str, tuple[np.ndarray, int]] = {}
+        st._step_pos: dict[str, int] = {}
+        st._step_reads: list[tuple] = []  # (req_id, first row, n rows, first position, read entries, P)
+        st._snapshots: list = []
         st.verified = False
         pin = dev.type == "cuda"
         st._ring = [
@@ -159,13 +215,17 @@ class XmixState:
                 e = self.entries[e_idx]
                 if layers is not None and e.layer not in layers:
                     continue
-                row[e_idx] = e.default_scale if ra.scale is None else ra.scale
+                if e.is_read:  # a read's coefficient is its on/off gate (scale 0 = app off)
+                    row[e_idx] = 0.0 if ra.scale == 0 else 1.0
+                else:
+                    row[e_idx] = e.default_scale if ra.scale is None else ra.scale
         return row if row.any() else None
 
     def update_requests(self, scheduler_output) -> None:
         """Registry update from a SchedulerOutput (called before the runner's own update)."""
         for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self.req_rows.pop(rid, None)
+            self.req_reads.pop(rid, None)
             self._free(rid)
         for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
             self._free(rid)  # keep the row: the request comes back
@@ -173,10 +233,27 @@ class XmixState:
             sp = getattr(nr, "sampling_params", None)
             row = self.request_row(sp.extra_args if sp is not None else None)
             self._free(nr.req_id)
+            self.req_reads.pop(nr.req_id, None)
             if row is None:
                 self.req_rows.pop(nr.req_id, None)
             else:
                 self.req_rows[nr.req_id] = row
+                reads = np.flatnonzero(self.read_mask & (row != 0))
+                if reads.size:
+                    P = len(nr.prompt_token_ids) if nr.prompt_token_ids is not None else len(nr.prompt_embeds)
+                    self.req_reads[nr.req_id] = (reads, P)
+        # absolute position of the first scheduled token of each reading request (for alignment:
+        # chunked prefill, recompute after preemption and async scheduling all come through here)
+        self._step_pos = {}
+        if self.req_reads:
+            for nr in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
+                if nr.req_id in self.req_reads:
+                    self._step_pos[nr.req_id] = int(nr.num_computed_tokens)
+            cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+            if cached is not None:
+                for rid, nct in zip(cached.req_ids, cached.num_computed_tokens):
+                    if rid in self.req_reads:
+                        self._step_pos[rid] = int(nct)
 
     def _free(self, rid: str) -> None:
         s = self.req_slot.pop(rid, None)
@@ -238,6 +315,61 @@ class XmixState:
         if stage.event is not None:
             stage.event.record()
         self.high_water = T if any_on else 0
+        if self._step_pos:
+            row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])])
+            self._step_reads = [(r, int(row0[i]), int(num_scheduled_tokens[i]), self._step_pos[r]) + self.req_reads[r]
+                                for i, r in enumerate(req_ids[:n_req]) if r in self._step_pos]
+
+    # ---------------------------------------------------------------- reads
+    def snapshot(self) -> None:
+        """After the forward is enqueued: copy this step's read rows out of ``out`` (which the
+        next forward reuses) to host memory, asynchronously on the forward's stream."""
+        if not self._step_reads:
+            return
+        T = max(sr[1] + sr[2] for sr in self._step_reads)
+        src = self.out[:T]
+        if self.device.type == "cuda":
+            host = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=True)
+            host.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host, event = src.clone(), None
+        self._snapshots.append((host, event, self._step_reads))
+        self._step_reads = []
+
+    def pop_snapshot(self):
+        """The oldest pending snapshot (FIFO: one per forward that had a read on), or None."""
+        return self._snapshots.pop(0) if self._snapshots else None
+
+    def reads_of(self, snapshot) -> dict[str, list]:
+        """A snapshot as ``{req_id: [chunk, ...]}`` (waits for its device-to-host copy).
+
+        A chunk is ``(app, name, layer, tag, pos0, n, width, float32 bytes [n, width])`` (``tag``:
+        ``"probe"`` or the capture's ``positions``):
+        the values of one read entry for positions ``pos0 .. pos0+n-1`` of the request, already
+        restricted to the positions the read returns (captures with ``generated`` / ``last``)."""
+        host, event, rows = snapshot
+        if event is not None:
+            event.synchronize()
+        vals = host.numpy()
+        out: dict[str, list] = {}
+        for rid, r0, n, pos0, reads, P in rows:
+            chunks = out.setdefault(rid, [])
+            for e_idx in reads:
+                e = self.entries[e_idx]
+                lo, hi = pos0, pos0 + n  # positions covered this step
+                if e.positions == "generated":
+                    lo = max(lo, P - 1)
+                elif e.positions == "last":
+                    lo, hi = max(lo, P - 1), min(hi, P)
+                if hi <= lo:
+                    continue
+                block = vals[r0 + lo - pos0: r0 + hi - pos0, e.col: e.col + e.width]
+                tag = "probe" if e.kind == PROBE else e.positions
+                chunks.append((e.app, e.name, e.layer, tag, lo, hi - lo, e.width,
+                               np.ascontiguousarray(block).tobytes()))
+        return out
 
     def _next_stage(self) -> _Stage:
         stage = self._ring[self._ring_pos]

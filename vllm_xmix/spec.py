@@ -10,9 +10,10 @@ Requests then only *switch* deployed apps on, with their own scale
 
 Supported now: the write kinds ``add`` (activation addition, Turner et al. 2023), ``ablate``
 (directional ablation, Arditi et al. 2024), ``clamp`` and ``router_bias`` (SteerMoE, Fayyaz et
-al. 2026) at the TransformerLens hook points of :data:`SUPPORTED_HOOKS` (see docs/hooks.md).
-Reads and conditions are part of the spec language but are rejected with a clear
-``ValueError`` until they are implemented: a declared op never silently does nothing.
+al. 2026) and the read kinds ``linear_probe`` and ``capture`` at the TransformerLens hook points
+of :data:`SUPPORTED_HOOKS` (see docs/hooks.md). Conditions are part of the spec language but are
+rejected with a clear ``ValueError`` until they are implemented: a declared op never silently
+does nothing.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import json
 import math
 import os
 import re
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+                      model_validator)
 
 #: Key under ``additional_config`` (deployment) and ``SamplingParams.extra_args`` (request).
 CONFIG_KEY = "xmix"
@@ -45,6 +47,9 @@ ROUTER_HOOK = "mlp.hook_router_logits"
 SUPPORTED_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp", "router_bias")
 KNOWN_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp", "router_bias")
 KNOWN_READ_KINDS: tuple[str, ...] = ("capture", "linear_probe")
+#: capture positions: every processed position, the positions that predicted a generated token,
+#: or only the last prompt token (the one that predicted the first generated token)
+CAPTURE_POSITIONS: tuple[str, ...] = ("all", "generated", "last")
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
@@ -228,12 +233,118 @@ class WriteOp(BaseModel):
         return v
 
 
+class ReadOp(BaseModel):
+    """One read: ``kind`` evaluated at ``blocks.{L}.{hook}`` for every ``L`` in ``layers``, on
+    every token a request with the app on processes; the values come back with the request's
+    output (``RequestOutput.mi_results[app][name]``, see docs/hooks.md for the alignment).
+
+    Fields:
+        kind: ``"linear_probe"``: ``score[t] = w . x[t] + bias`` (float32; ``sigmoid=True``
+            returns ``1 / (1 + exp(-score))``), a logistic-regression / linear probe (Alain &
+            Bengio 2016); ``"capture"``: the activation ``x[t]`` itself, float32 ``[d_model]``
+            (``[n_experts]`` at ``mlp.hook_router_logits``).
+        name: key of the result (default ``"probe"`` / ``"capture"``); unique within the app.
+        hook, layers: as for :class:`WriteOp`. ``x`` is the hook's whole value after the writes
+            at the same hook (``hidden + residual`` for the ``hook_resid_*`` hooks).
+        weight: the probe direction ``[d_model]`` (``[n_experts]`` at the router hook), floats
+            or a ``VectorFile``; probes only.
+        bias: probe intercept (float); probes only.
+        sigmoid: probes only.
+        positions: captures only: ``"all"`` (every processed position), ``"generated"`` (the
+            positions whose next-token prediction was a generated token) or ``"last"`` (the last
+            prompt token). Probes always return every processed position.
+        cond: reserved for conditional ops (not yet supported: rejected).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    primitive: Literal["read"] = "read"
+    kind: Literal["linear_probe", "capture"]
+    name: str | None = None
+    hook: str = "hook_resid_post"
+    layers: Union[list[int], Literal["all"]] = "all"
+    weight: Union[list[float], VectorFile, None] = None
+    bias: float = 0.0
+    sigmoid: bool = False
+    positions: Literal["all", "generated", "last"] = "all"
+    cond: dict[str, Any] | None = None
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _kind(cls, v):
+        if v not in KNOWN_READ_KINDS:
+            raise ValueError(f"unknown read kind {v!r}; known: {', '.join(KNOWN_READ_KINDS)}")
+        return v
+
+    @field_validator("hook")
+    @classmethod
+    def _hook(cls, v: str) -> str:
+        return _hook_name(v)
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers(cls, v):
+        return v if v == "all" else _layer_list(v)
+
+    @field_validator("weight", mode="before")
+    @classmethod
+    def _weight(cls, v):
+        if isinstance(v, (list, tuple)):
+            if len(v) == 0:
+                raise ValueError("empty")
+            return [_finite_number(x) for x in v]
+        return v
+
+    @field_validator("bias", mode="before")
+    @classmethod
+    def _bias(cls, v) -> float:
+        return _finite_number(v)
+
+    @field_validator("positions", mode="before")
+    @classmethod
+    def _positions(cls, v):
+        if v not in CAPTURE_POSITIONS:
+            raise ValueError(f"unknown positions {v!r}; known: {', '.join(CAPTURE_POSITIONS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _per_kind(self):
+        if self.kind == "linear_probe":
+            if self.weight is None:
+                raise ValueError("weight: a 'linear_probe' read needs a weight vector")
+            if self.positions != "all":
+                raise ValueError("positions: probes return every processed position (only captures take positions)")
+        else:
+            if self.weight is not None or self.bias != 0.0 or self.sigmoid:
+                raise ValueError("weight/bias/sigmoid: only a 'linear_probe' read takes them (this read is a capture)")
+        if self.name is None:
+            self.name = "probe" if self.kind == "linear_probe" else "capture"
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"name: {self.name!r} must match {_NAME_RE.pattern}")
+        return self
+
+    @field_validator("cond")
+    @classmethod
+    def _cond(cls, v):
+        if v is not None:
+            raise ValueError("conditional reads are not yet supported")
+        return v
+
+
+def _op_tag(v) -> str:
+    if isinstance(v, dict):
+        return v.get("primitive", "write")
+    return getattr(v, "primitive", "write")
+
+
+Op = Annotated[Union[Annotated[WriteOp, Tag("write")], Annotated[ReadOp, Tag("read")]], Discriminator(_op_tag)]
+
+
 class AppSpec(BaseModel):
     """A deployable MI app: a name and its ops. Identity is :meth:`content_hash`."""
 
     model_config = ConfigDict(extra="forbid")
     name: str
-    ops: list[WriteOp] = Field(min_length=1)
+    ops: list[Op] = Field(min_length=1)
 
     @field_validator("name")
     @classmethod
@@ -241,6 +352,25 @@ class AppSpec(BaseModel):
         if not _NAME_RE.match(v):
             raise ValueError(f"{v!r} must match {_NAME_RE.pattern}")
         return v
+
+    @field_validator("ops")
+    @classmethod
+    def _read_names(cls, v):
+        names = [op.name for op in v if op.primitive == "read"]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"read names {dup} used twice in one app; give each read a distinct name=")
+        return v
+
+    @property
+    def has_reads(self) -> bool:
+        return any(op.primitive == "read" for op in self.ops)
+
+    def reads_prompt(self) -> bool:
+        """True if a read returns values at prompt positions other than the last one (then the
+        request's prompt must be computed, not taken from the prefix cache)."""
+        return any(op.primitive == "read" and (op.kind == "linear_probe" or op.positions == "all")
+                   for op in self.ops)
 
     def content_hash(self) -> str:
         """sha256 (hex, 16 chars) of the canonical JSON: same name, different vector => different app."""
@@ -400,13 +530,32 @@ def resolve_layers(layers: list[int] | str, n_layers: int, field: str) -> list[i
     return list(layers)
 
 
-def load_op_vector(op: WriteOp, field: str, d_model: int, n_experts: int | None) -> np.ndarray:
+def hook_width(hook: str, d_model: int, n_experts: int | None, field: str) -> int:
+    """Last dimension of the value at ``hook``: ``n_experts`` at the router logits, else ``d_model``."""
+    if hook == ROUTER_HOOK:
+        if n_experts is None:
+            raise XmixSpecError(f"{field}.hook: this model has no MoE router")
+        return n_experts
+    return d_model
+
+
+def load_op_vector(op: WriteOp | ReadOp, field: str, d_model: int, n_experts: int | None) -> np.ndarray:
     """Load one op's vector (float32, as stored) and check it against the model: length
-    ``d_model`` (``n_experts`` for ``router_bias``), a direction for ablate/clamp, safe masks.
+    ``d_model`` (``n_experts`` for ``router_bias`` and for reads at the router logits), a
+    direction for ablate/clamp, safe masks. A capture has no vector: zeros of the hook's width.
 
     Raises:
         XmixSpecError: naming the field.
     """
+    if op.primitive == "read":
+        width = hook_width(op.hook, d_model, n_experts, field)
+        if op.kind == "capture":
+            return np.zeros(width, np.float32)
+        w = load_vector(op.weight, field + ".weight")
+        if w.shape[0] != width:
+            what = "n_experts" if op.hook == ROUTER_HOOK else "d_model"
+            raise XmixSpecError(f"{field}.weight: length {w.shape[0]} != {what} {width} of this model")
+        return w
     vec = load_vector(op.vector, field + ".vector", allow_neg_inf=op.kind == "router_bias")
     if op.kind == "router_bias":
         if np.isneginf(vec).all():
@@ -634,18 +783,7 @@ class MIApp:
         Returns the op builder (``.layers``, ``.submodule``, ``.cond``)."""
         if vector is None:
             raise XmixSpecError(f"{self.name}.write: vector is required")
-        if isinstance(vector, (str, os.PathLike)):
-            vec: Any = {"path": os.fspath(vector), "key": key}
-        else:
-            if hasattr(vector, "detach"):
-                vector = vector.detach().float().cpu().numpy()
-            try:
-                arr = np.asarray(vector, dtype=np.float64)
-            except (TypeError, ValueError) as e:
-                raise XmixSpecError(f"{self.name}.write.vector: not a vector of numbers ({e})") from None
-            if arr.ndim != 1:
-                raise XmixSpecError(f"{self.name}.write.vector: expected a 1-D vector, got shape {list(arr.shape)}")
-            vec = arr.tolist()
+        vec = self._vector_field(vector, key, "write.vector")
         fields = {"primitive": "write", "kind": kind, "vector": vec, "scale": scale}
         if value is not None:
             fields["value"] = value
@@ -653,11 +791,46 @@ class MIApp:
         self._ops.append(op)
         return op
 
-    def read(self, kind: str, **params) -> _OpBuilder:
-        """Declare a read (``capture``, ``linear_probe``). Not yet supported: raises."""
+    def read(self, kind: str, *, weight=None, bias: float = 0.0, sigmoid: bool = False,
+             positions: str | None = None, name: str | None = None, key: str | None = None) -> _OpBuilder:
+        """Declare a read: ``"linear_probe"`` (``weight`` ``[d_model]``, ``bias``, ``sigmoid``)
+        or ``"capture"`` (``positions``: ``"all"``, ``"generated"``, ``"last"``); ``name`` keys
+        the result in ``RequestOutput.mi_results[app]``. See :class:`ReadOp` for shapes and
+        semantics. Returns the op builder (``.layers``, ``.submodule``, ``.cond``).
+
+        Raises:
+            XmixSpecError: unknown kind, missing probe weight, bad vector.
+        """
         if kind not in KNOWN_READ_KINDS:
             raise XmixSpecError(f"{self.name}.read: unknown read kind {kind!r}; known: {', '.join(KNOWN_READ_KINDS)}")
-        raise XmixSpecError(f"{self.name}.read: read kind {kind!r} is not yet supported")
+        fields: dict[str, Any] = {"primitive": "read", "kind": kind}
+        if weight is not None:
+            fields["weight"] = self._vector_field(weight, key, "read.weight")
+        if bias != 0.0:
+            fields["bias"] = bias
+        if sigmoid:
+            fields["sigmoid"] = sigmoid
+        if positions is not None:
+            fields["positions"] = positions
+        if name is not None:
+            fields["name"] = name
+        op = _OpBuilder(self, fields)
+        self._ops.append(op)
+        return op
+
+    def _vector_field(self, vector, key: str | None, field: str) -> Any:
+        """A path (-> VectorFile fields) or array-like / tensor (-> list of floats)."""
+        if isinstance(vector, (str, os.PathLike)):
+            return {"path": os.fspath(vector), "key": key}
+        if hasattr(vector, "detach"):
+            vector = vector.detach().float().cpu().numpy()
+        try:
+            arr = np.asarray(vector, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise XmixSpecError(f"{self.name}.{field}: not a vector of numbers ({e})") from None
+        if arr.ndim != 1:
+            raise XmixSpecError(f"{self.name}.{field}: expected a 1-D vector, got shape {list(arr.shape)}")
+        return arr.tolist()
 
     def to_spec(self) -> AppSpec:
         """Validate and lower to :class:`AppSpec`. Raises XmixSpecError naming the field."""
@@ -680,7 +853,7 @@ class MIApp:
         return self.to_spec().content_hash()
 
 
-def deploy(*apps: MIApp | AppSpec | dict) -> dict[str, Any]:
+def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict) -> dict[str, Any]:
     """Build vLLM's ``additional_config`` for these apps: ``{"xmix": {"apps": [...]}}``.
 
     Raises:
@@ -688,7 +861,7 @@ def deploy(*apps: MIApp | AppSpec | dict) -> dict[str, Any]:
     """
     specs = []
     for a in apps:
-        if isinstance(a, MIApp):
+        if isinstance(a, (MIApp, _OpBuilder)):  # MIApp("x").write(...).layers(...) chains end on an op
             specs.append(a.to_spec())
         elif isinstance(a, AppSpec):
             specs.append(a)

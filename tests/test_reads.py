@@ -1,0 +1,147 @@
+"""Read results under vLLM's scheduling features (real vLLM, CPU, fp32, tiny Llama): chunked
+prefill, preemption with recompute and prefix caching must not drop, duplicate or misalign
+values (cases C02/C14/C15 in ../shared/research/cases_log.md); bad read specs and requests fail
+loudly. Values are checked against the HF oracle, position by position."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import close_llm, make_llm, unit_rms
+from test_hooks import close
+
+W = unit_rms(41) / 8
+LONG = [int(x) for x in np.random.default_rng(5).integers(3, 1000, size=45)]  # 45-token prompts
+PROMPTS = [LONG, LONG[::-1], LONG[5:30], [7, 8, 9]]
+N = 24
+
+
+def deployment():
+    from vllm_xmix import MIApp, deploy
+
+    a = MIApp("pr")
+    a.read("linear_probe", weight=W, bias=0.1).layers([2]).submodule("hook_resid_post")
+    a.read("capture", name="cap").layers([1]).submodule("hook_resid_mid")
+    g = MIApp("gen")  # only generated positions: needs no prompt values, keeps the prefix cache
+    g.read("capture", positions="generated").layers([3]).submodule("hook_resid_pre")
+    return deploy(a, g)
+
+
+def sp(apps, max_tokens=N, **kw):
+    from vllm_xmix import SamplingParams
+
+    kw.setdefault("temperature", 0)
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, mi_apps=apps, **kw)
+
+
+def check_pr(o, prompt, hf):
+    """The 'pr' app's values equal HF at every processed position, none missing."""
+    ids = list(prompt) + list(o.outputs[0].token_ids)[:-1]
+    rec = hf.record(ids, [(2, "hook_resid_post"), (1, "hook_resid_mid")])
+    probe, cap = o.mi_results["pr"]["probe"], o.mi_results["pr"]["cap"]
+    assert probe.shape == (len(ids),) and cap.shape == (len(ids), 64)
+    assert not np.isnan(probe).any() and not np.isnan(cap).any()
+    close(probe, rec[(2, "hook_resid_post")].astype(np.float64) @ W.astype(np.float64) + 0.1, "probe")
+    close(cap, rec[(1, "hook_resid_mid")], "cap")
+
+
+@pytest.fixture(scope="module")
+def chunked(tiny_llama):
+    """16-token prefill chunks, 16-token KV blocks, only 8 blocks: long prompts are split over
+    several steps and running requests get preempted (and recomputed)."""
+    llm = make_llm(tiny_llama, "eager", additional_config=deployment(), max_num_batched_tokens=16,
+                   max_num_seqs=4, block_size=32, num_gpu_blocks_override=6, enable_prefix_caching=True,
+                   max_model_len=128)
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    preempted = []
+    orig = sched._preempt_request
+
+    def count(request, *a, **k):
+        preempted.append(request.request_id)
+        return orig(request, *a, **k)
+
+    sched._preempt_request = count
+    llm.preempted = preempted
+    yield llm
+    close_llm(llm)
+
+
+def test_chunked_prefill_and_preemption_keep_alignment(chunked, hf):
+    outs = chunked.generate([{"prompt_token_ids": p} for p in PROMPTS], sp(["pr"]), use_tqdm=False)
+    assert chunked.preempted, "the test setup must force at least one preemption"
+    for o, p in zip(outs, PROMPTS):
+        assert list(o.outputs[0].token_ids) == hf.greedy(p, N)
+        check_pr(o, p, hf)
+
+
+def test_reads_of_repeated_prompts_are_not_taken_from_the_prefix_cache(chunked, hf):
+    """A probe needs a value at every prompt position: a request with it never reuses cached
+    prompt blocks (same prompt, same app, twice); a capture of generated positions only keeps
+    the prefix cache, and its values are still complete."""
+    for _ in range(2):
+        o = chunked.generate([{"prompt_token_ids": LONG}], sp(["pr"], max_tokens=4), use_tqdm=False)[0]
+        assert o.num_cached_tokens == 0
+        check_pr(o, LONG, hf)
+    first = chunked.generate([{"prompt_token_ids": LONG}], sp(["gen"], max_tokens=4), use_tqdm=False)[0]
+    again = chunked.generate([{"prompt_token_ids": LONG}], sp(["gen"], max_tokens=4), use_tqdm=False)[0]
+    assert again.num_cached_tokens > 0
+    for o in (first, again):
+        x = hf.record(LONG + list(o.outputs[0].token_ids)[:-1], [(3, "hook_resid_pre")])[(3, "hook_resid_pre")]
+        close(o.mi_results["gen"]["capture"], x[len(LONG) - 1:], "gen")
+
+
+def test_streaming_outputs_grow_and_end_complete(chunked, hf):
+    """With DELTA outputs (as the server streams) every RequestOutput carries the values so far;
+    the final one has them all."""
+    from vllm.sampling_params import RequestOutputKind
+
+    p = sp(["pr"], max_tokens=6)
+    p.output_kind = RequestOutputKind.DELTA
+    engine = chunked.llm_engine
+    engine.add_request("s0", {"prompt_token_ids": PROMPTS[2]}, p)
+    seen, toks = [], []
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            toks += o.outputs[0].token_ids
+            seen.append(len(o.mi_results["pr"]["probe"]))
+            last = o
+    assert seen == sorted(seen) and seen[-1] == len(PROMPTS[2]) + 6 - 1
+    assert toks == hf.greedy(PROMPTS[2], 6)
+    probe = last.mi_results["pr"]["probe"]
+    ids = PROMPTS[2] + toks[:-1]
+    want = hf.record(ids, [(2, "hook_resid_post")])[(2, "hook_resid_post")].astype(np.float64) @ W + 0.1
+    close(probe, want, "probe")
+
+
+def test_read_request_errors(chunked):
+    with pytest.raises(ValueError, match=r"mi_apps\[0\]: app 'pr' has reads; reads with n > 1"):
+        chunked.generate([{"prompt_token_ids": [1, 2, 3]}], sp(["pr"], max_tokens=2, n=2, temperature=1.0), use_tqdm=False)
+    # scale 0 switches the app (and its reads) off; the engine still serves
+    o = chunked.generate([{"prompt_token_ids": [1, 2, 3]}], sp([{"name": "pr", "scale": 0.0}], max_tokens=2), use_tqdm=False)[0]
+    assert o.mi_results is None
+
+
+def test_read_deployment_errors(tiny_llama):
+    from vllm_xmix import MIApp, XmixSpecError, deploy
+
+    with pytest.raises(XmixSpecError, match=r"weight: a 'linear_probe' read needs a weight vector"):
+        deploy(MIApp("p").read("linear_probe"))
+    with pytest.raises(XmixSpecError, match=r"positions: unknown positions 'first'"):
+        deploy(MIApp("p").read("capture", positions="first"))
+    with pytest.raises(XmixSpecError, match=r"only captures take positions"):
+        deploy(MIApp("p").read("linear_probe", weight=W, positions="last"))
+    with pytest.raises(XmixSpecError, match=r"unknown read kind 'mean'"):
+        MIApp("p").read("mean")
+    a = MIApp("p")
+    a.read("capture")
+    a.read("capture", positions="last")
+    with pytest.raises(XmixSpecError, match=r"read names \['capture'\] used twice"):
+        deploy(a)
+    with pytest.raises(XmixSpecError, match=r"conditional reads are not yet supported"):
+        deploy(MIApp("p").read("linear_probe", weight=W).cond(tokens=[1]))
+    # checked against the model when the engine is configured
+    with pytest.raises(ValueError, match=r"ops\.0\.weight: length 63 != d_model 64"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(MIApp("p").read("linear_probe", weight=W[:63])))
+    with pytest.raises(ValueError, match=r"'mlp.hook_router_logits' is not available on LlamaForCausalLM"):
+        make_llm(tiny_llama, "eager",
+                 additional_config=deploy(MIApp("p").read("capture").submodule("mlp.hook_router_logits")))

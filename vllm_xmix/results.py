@@ -1,0 +1,81 @@
+"""Read results of one request, assembled in the front end: ``RequestOutput.mi_results``.
+
+Values arrive in chunks (``(app, name, layer, positions, pos0, n, width, float32 bytes)``, one per
+read entry and step, see ``XmixState.reads_of``) and are placed by **absolute position**, so
+prefill chunks in any order of arrival, recompute after preemption (the same positions again:
+the later value replaces the earlier) and async scheduling give one value per position.
+
+Alignment (documented in docs/hooks.md): position ``i`` is the ``i``-th token of
+``prompt_token_ids + outputs[0].token_ids``, fed to the model as input; the value at ``i`` is
+read while the model processes that token (the state that predicts token ``i + 1``). A finished
+request with ``P`` prompt tokens and ``G`` generated tokens processed ``P + G - 1`` positions (the
+last generated token is never fed back).
+
+``mi_results[app][name]``, float32 numpy arrays:
+
+* ``linear_probe``: ``[P + G - 1]``, one score per processed position;
+* ``capture`` with ``positions="all"``: ``[P + G - 1, width]``; ``"generated"``: ``[G, width]``,
+  row ``j`` = position ``P - 1 + j`` (the state that predicted generated token ``j``);
+  ``"last"``: ``[width]`` at position ``P - 1`` (the last prompt token);
+
+``width`` is ``d_model`` (``n_experts`` at ``mlp.hook_router_logits``). When a read covers
+several layers in the request, ``mi_results[app][name]`` is ``{layer: array}`` instead. Before
+the request finishes (streaming) the arrays cover the positions processed so far.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+logger = logging.getLogger("vllm.xmix")
+
+
+class ReadResults:
+    """Accumulates one request's read chunks; :meth:`assemble` builds ``mi_results``."""
+
+    def __init__(self, n_prompt: int):
+        self.n_prompt = n_prompt
+        # (app, name, layer) -> [positions, width, [(pos0, values [n, width]), ...]]
+        self._parts: dict[tuple[str, str, int], list] = {}
+
+    def add(self, chunks) -> None:
+        for app, name, layer, positions, pos0, n, width, data in chunks:
+            vals = np.frombuffer(data, dtype=np.float32).reshape(int(n), int(width))
+            key = (app, name, int(layer))
+            part = self._parts.setdefault(key, [positions, int(width), []])
+            part[2].append((int(pos0), vals))
+
+    def assemble(self, n_generated: int | None = None) -> dict[str, dict]:
+        """``n_generated``: number of generated tokens when the request has finished (fixes the
+        expected length; a missing position is NaN and logged), None while it runs."""
+        P = self.n_prompt
+        out: dict[str, dict] = {}
+        for (app, name, layer), (positions, width, chunks) in sorted(self._parts.items()):
+            start = 0 if positions in ("all", "probe") else P - 1
+            if positions == "last":
+                end = P
+            elif n_generated is not None:
+                end = P + n_generated - 1
+            else:
+                end = max(p0 + len(v) for p0, v in chunks)
+            arr = np.full((max(end - start, 0), width), np.nan, dtype=np.float32)
+            for p0, v in chunks:  # arrival order: a recomputed position replaces the earlier value
+                lo, hi = max(p0, start), min(p0 + len(v), end)
+                if hi > lo:
+                    arr[lo - start:hi - start] = v[lo - p0:hi - p0]
+            if n_generated is not None and np.isnan(arr).all(axis=1).any():
+                missing = np.flatnonzero(np.isnan(arr).all(axis=1)) + start
+                logger.warning("vllm_xmix: read %s.%s at layer %d has no value at positions %s (NaN)",
+                               app, name, layer, missing[:10].tolist())
+            if positions == "probe":
+                arr = arr[:, 0]
+            elif positions == "last":
+                arr = arr[0] if len(arr) else np.full(width, np.nan, np.float32)
+            out.setdefault(app, {}).setdefault(name, {})[layer] = arr
+        for app, reads in out.items():
+            for name, by_layer in reads.items():
+                if len(by_layer) == 1:
+                    reads[name] = next(iter(by_layer.values()))
+        return out
