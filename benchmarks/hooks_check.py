@@ -1,8 +1,14 @@
-"""GPU check for the hook surface (issue 3): every hook point and write kind, CUDA graphs vs eager.
+"""GPU check for the hook surface (issue 3): every hook point, write and read kind, CUDA graphs
+vs eager.
 
-One engine per process (``--eager`` or not); both print ``{app: tokens}`` to ``--out``; compare
-with ``--compare A.json B.json``. The ``none`` entry (no app) is the control: plain vLLM's own
-eager-vs-graphs agreement in bf16 bounds what the apps can show.
+One engine per process (``--eager`` or not); both write ``{app: tokens}`` and the read results
+to ``--out``; compare with ``--compare A.json B.json``. The ``none`` entry (no app) is the
+control: plain vLLM's own eager-vs-graphs agreement in bf16 bounds what the apps can show.
+Prompts are 16-600 tokens with ``max_num_batched_tokens=512``, so long prompts are prefilled in
+chunks. Read alignment is also checked inside each run (``teacher_forced``): the probe values of
+a generated request must equal, position by position, those of a second request whose prompt
+is that request's prompt + generated tokens (one prefill, no decode); an off-by-one or a lost
+chunk shows as a large error, bf16 prefill-vs-decode noise as a small one.
 
 usage (H200, kit sourced):
   python3 benchmarks/hooks_check.py --model benchmarks/models/llama31_8b --out $OUT/g.json
@@ -45,6 +51,42 @@ def apps_for(cfg: dict):
         a = MIApp("router_mask0")
         a.write("router_bias", vector=bias).layers("all").submodule("mlp.hook_router_logits")
         out.append(a)
+    # reads
+    a = MIApp("probe_mid")
+    a.read("linear_probe", weight=rng.standard_normal(d).astype(np.float32) / np.sqrt(d)).layers(
+        [n // 2]).submodule("hook_resid_post")
+    out.append(a)
+    # every layer's input (layer 0: the embeddings, which differ strongly from token to token, so
+    # a misaligned position cannot hide; dummy weights make the deeper stream nearly constant)
+    a = MIApp("probe_all")
+    a.read("linear_probe", weight=rng.standard_normal(d).astype(np.float32) / np.sqrt(d)).layers(
+        "all").submodule("hook_resid_pre")
+    out.append(a)
+    a = MIApp("capture_mid")
+    a.read("capture", positions="all", name="all").layers([n // 2]).submodule("hook_resid_mid")
+    a.read("capture", positions="generated", name="gen").layers([1]).submodule("hook_mlp_out")
+    a.read("capture", positions="last", name="last").layers([n - 1]).submodule("hook_resid_post")
+    out.append(a)
+    if n_exp:
+        a = MIApp("router_read")
+        a.read("capture", name="logits").layers([1, n - 1]).submodule("mlp.hook_router_logits")
+        out.append(a)
+    return out
+
+
+READS = ("probe_mid", "probe_all", "capture_mid", "router_read")
+
+
+def _flat(res: dict) -> dict:
+    """mi_results of one request -> {"app.read[@L]": list}; captures as per-row L2 norms."""
+    out = {}
+    for app, reads in res.items():
+        for name, v in reads.items():
+            for L, arr in (v.items() if isinstance(v, dict) else [(None, v)]):
+                a = np.asarray(arr, dtype=np.float64)
+                if a.ndim == 2 or (name == "last"):
+                    a = np.linalg.norm(a.reshape(-1, a.shape[-1]), axis=1)
+                out[f"{app}.{name}" + (f"@{L}" if L is not None else "")] = a.tolist()
     return out
 
 
@@ -58,15 +100,46 @@ def run(args) -> None:
     t0 = time.time()
     llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=1024, enforce_eager=args.eager, seed=0, additional_config=deploy(*apps),
-              gpu_memory_utilization=args.gpu_mem)
+              gpu_memory_utilization=args.gpu_mem, max_num_batched_tokens=512)
+    vc = llm.llm_engine.vllm_config
     rng = np.random.default_rng(1)
     prompts = [{"prompt_token_ids": rng.integers(10, cfg["vocab_size"] - 10, int(k)).tolist()}
-               for k in rng.integers(16, 200, args.prompts)]
-    res = {"startup_s": round(time.time() - t0, 1), "eager": args.eager, "tokens": {}}
-    for name in ["none"] + [a.name for a in apps]:
+               for k in rng.integers(16, 600, args.prompts)]
+    res = {"startup_s": round(time.time() - t0, 1), "eager": args.eager, "tokens": {}, "reads": {},
+           "async_scheduling": bool(vc.scheduler_config.async_scheduling),
+           "v2_runner": bool(getattr(vc, "use_v2_model_runner", False))}
+
+    def sp(name, n):
         extra = None if name == "none" else {"xmix": {"apps": [{"name": name}]}}
-        sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True, extra_args=extra)
-        res["tokens"][name] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
+        return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, extra_args=extra)
+
+    names = ["none"] + [a.name for a in apps]
+    for name in names:
+        outs = llm.generate(prompts, sp(name, args.tokens), use_tqdm=False)
+        res["tokens"][name] = [list(o.outputs[0].token_ids) for o in outs]
+        if name in READS:
+            res["reads"][name] = [_flat(o.mi_results) for o in outs]
+            n_pos = [len(p["prompt_token_ids"]) + args.tokens - 1 for p in prompts]
+            first = next(iter(res["reads"][name][0]))
+            if name != "capture_mid":
+                assert all(len(r[first]) == k for r, k in zip(res["reads"][name], n_pos)), f"{name}: value count"
+    # teacher forcing: prompt + generated[:-1] as one prompt, probe values must line up
+    tf = {}
+    for name in ("probe_mid", "probe_all"):
+        gen = llm.generate(prompts[:8], sp(name, args.tokens), use_tqdm=False)
+        forced = [{"prompt_token_ids": p["prompt_token_ids"] + list(o.outputs[0].token_ids)[:-1]}
+                  for p, o in zip(prompts[:8], gen)]
+        again = llm.generate(forced, sp(name, 1), use_tqdm=False)
+        errs = []
+        for o1, o2 in zip(gen, again):
+            a, b = _flat(o1.mi_results), _flat(o2.mi_results)
+            for k in a:
+                x, y = np.array(a[k]), np.array(b[k])
+                assert x.shape == y.shape, (name, k, x.shape, y.shape)
+                errs.append(float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-6)))
+        tf[name] = {"max_rel_err": max(errs), "median_rel_err": float(np.median(errs))}
+    res["teacher_forced"] = tf
+    print("TEACHER_FORCED", json.dumps(tf), flush=True)
     json.dump(res, open(args.out, "w"))
     print("DONE", args.out, res["startup_s"], flush=True)
 
@@ -79,6 +152,20 @@ def compare(a_path: str, b_path: str) -> None:
         same = sum(x == y for x, y in zip(ta, tb))
         changed = sum(x != y for x, y in zip(ta, base)) if name != "none" else 0
         print(f"{name:20s} graphs==eager {same}/{len(ta)}   changed vs no-app {changed}/{len(ta)}")
+    for name, ra in a.get("reads", {}).items():
+        rb = b["reads"][name]
+        errs, n_vals = [], 0
+        for x, y, tx, ty in zip(ra, rb, a["tokens"][name], b["tokens"][name]):
+            if tx != ty:
+                continue  # different tokens => different positions after the first difference
+            for k in x:
+                u, v = np.array(x[k]), np.array(y[k])
+                n_vals += u.size
+                errs.append(float(np.max(np.abs(u - v)) / max(np.max(np.abs(v)), 1e-6)))
+        print(f"{name:20s} reads graphs vs eager: {n_vals} values, max rel err {max(errs):.3g}, "
+              f"median {np.median(errs):.3g}")
+    for tag, r in (("A", a), ("B", b)):
+        print(f"teacher-forced alignment {tag}: {r.get('teacher_forced')}")
 
 
 if __name__ == "__main__":

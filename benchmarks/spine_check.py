@@ -38,6 +38,9 @@ def main() -> None:
     ap.add_argument("--on-scales", default="",
                     help="comma-separated per-request scales to benchmark (default: the deployed scale only)")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--with-probe", action="store_true",
+                    help="also deploy 'probe_one' (a linear probe at blocks.{n/2}.hook_resid_post) and "
+                         "benchmark it as a configuration")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -54,7 +57,13 @@ def main() -> None:
         v = np.random.default_rng(1).standard_normal(d_model).astype(np.float32)
         app = MIApp("steer_all")
         app.write("add", vector=v, scale=args.scale).layers("all").submodule("hook_resid_post")
-        kw["additional_config"] = deploy(app)
+        apps = [app]
+        if args.with_probe:
+            w = np.random.default_rng(2).standard_normal(d_model).astype(np.float32) / np.sqrt(d_model)
+            probe = MIApp("probe_one")
+            probe.read("linear_probe", weight=w, sigmoid=True).layers([n_layers // 2]).submodule("hook_resid_post")
+            apps.append(probe)
+        kw["additional_config"] = deploy(*apps)
     t0 = time.time()
     llm = LLM(**kw)
     startup = time.time() - t0
@@ -69,9 +78,11 @@ def main() -> None:
              for n in rng.integers(16, 256, args.check_prompts)]
 
     def sp(on, max_tokens: int):
-        """on: False (no app), True (deployed scale) or a float (per-request scale)."""
+        """on: False (no app), True (deployed scale), a float (per-request scale) or an app name."""
         app = {"name": "steer_all"}
-        if on is not True and on is not False:
+        if isinstance(on, str):
+            app = {"name": on}
+        elif on is not True and on is not False:
             app["scale"] = float(on)
         extra = {"xmix": {"apps": [app]}} if on is not False else None
         return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra)
@@ -106,7 +117,10 @@ def main() -> None:
         configs = [False] if args.mode == "plain" else [False, True]
         if args.mode == "xmix" and args.on_scales:
             configs = [False] + [float(x) for x in args.on_scales.split(",")]
-        name = {c: (f"steer_on@{c:g}" if not isinstance(c, bool) else None) for c in configs}
+        if args.mode == "xmix" and args.with_probe:
+            configs.append("probe_one")
+        name = {c: (c if isinstance(c, str) else f"steer_on@{c:g}" if not isinstance(c, bool) else None)
+                for c in configs}
         name[False] = "inactive" if args.mode == "xmix" else "plain"
         name[True] = "steer_on"
         if not args.skip_throughput:

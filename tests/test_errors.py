@@ -152,8 +152,8 @@ def test_builder_errors():
         a = MIApp("c")
         a.write("add", vector=unit_rms(0)).cond(tokens=[1, 2])
         a.to_spec()
-    with pytest.raises(XmixSpecError, match=r"read kind 'linear_probe' is not yet supported"):
-        MIApp("r").read("linear_probe", weight=unit_rms(0))
+    with pytest.raises(XmixSpecError, match=r"unknown read kind 'probe'; known: capture, linear_probe"):
+        MIApp("r").read("probe", weight=unit_rms(0))
     with pytest.raises(XmixSpecError, match=r"unknown write kind 'rotate'; known: add, ablate, clamp, router_bias"):
         a = MIApp("a")
         a.write("rotate", vector=unit_rms(0))
