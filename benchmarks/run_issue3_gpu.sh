@@ -6,7 +6,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
-git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
+git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true  # NB: the device copy's .git may be stale; record the local HEAD
 check() {  # $1 model dir, $2 tag: graphs vs eager for every hook, write and read kind
   timeout 280 python3 benchmarks/hooks_check.py --model "$1" --out "$OUT/$2_graphs.json" > "$OUT/$2_graphs.log" 2>&1; echo "$2 graphs rc=$?"
   grep -E "TEACHER|DONE|Error" "$OUT/$2_graphs.log" | tail -3

@@ -438,7 +438,10 @@ class RequestApp(BaseModel):
 def _fmt_validation_error(prefix: str, e: ValidationError) -> str:
     parts = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ()))
+        raw = list(err.get("loc", ()))
+        # drop the union tag pydantic inserts after an op index ("ops.0.write.scale" -> "ops.0.scale")
+        raw = [x for i, x in enumerate(raw) if not (x in ("write", "read") and i and isinstance(raw[i - 1], int))]
+        loc = ".".join(str(x) for x in raw)
         msg = err.get("msg", "")
         msg = msg.removeprefix("Value error, ")
         parts.append(f"{prefix}{'.' + loc if loc else ''}: {msg}")
