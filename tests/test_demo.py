@@ -11,5 +11,6 @@ def test_demo_main_job(tiny_llama):
     r = subprocess.run([sys.executable, "-m", "vllm_xmix.demo", "--model", tiny_llama], env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    assert "[demo] steering off == plain vLLM (plugin not loaded): True" in r.stdout
+    assert "[demo] steering off (probe on) == plain vLLM (plugin not loaded): True" in r.stdout
     assert "[demo] steering on changed 4/4 prompts" in r.stdout
+    assert "[demo] one probe score per processed token: True; probe higher with steering on: 4/4" in r.stdout

@@ -1,9 +1,12 @@
 """Main job on the embedded default: ``python -m vllm_xmix.demo``.
 
 Builds (or reuses) the tiny random-weight Llama with its locally trained tokenizer, starts real
-vLLM with one steering app deployed, generates greedily for a few prompts with steering off and
-on in one batch, and checks the off run against plain vLLM (the plugin not loaded, in a child
-process). Exit status 0 only if steering-off equals plain vLLM and steering changed the output.
+vLLM with a steering app and a probe app deployed, generates greedily for a few prompts with
+steering off and on in one batch (the probe, which reads the projection of the residual stream
+on the steering direction at the last steered layer, on every request), and checks the off run
+against plain vLLM (the plugin not loaded, in a child process). Exit status 0 only if the
+steering-off run (probe on: a read changes nothing) equals plain vLLM, steering changed the
+output, every request got one probe score per processed token, and the probe sees the steering.
 """
 
 from __future__ import annotations
@@ -60,12 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     app = MIApp("demo_steer")
     app.write("add", vector=v, scale=args.scale).layers(layers).submodule("hook_resid_post")
 
+    probe = MIApp("demo_probe")  # projection on the steering direction, after the steering
+    probe.read("linear_probe", weight=v / np.linalg.norm(v)).layers([layers[-1]]).submodule("hook_resid_post")
+
     print(f"[demo] model {model}")
     print(f"[demo] deploying app 'demo_steer': add {args.scale} * v at blocks.{layers}.hook_resid_post "
           f"(content hash {app.content_hash()})")
-    llm = LLM(**_engine_kwargs(model, args.eager), additional_config=deploy(app))
-    off = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    on = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, mi_apps=["demo_steer"])
+    print(f"[demo] deploying app 'demo_probe': linear probe v/|v| . x at blocks.{layers[-1]}.hook_resid_post")
+    llm = LLM(**_engine_kwargs(model, args.eager), additional_config=deploy(app, probe))
+    off = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, mi_apps=["demo_probe"])
+    on = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True,
+                        mi_apps=["demo_steer", "demo_probe"])
     # one batch: every prompt with steering off and on, side by side in the same forward passes
     outs = llm.generate(PROMPTS + PROMPTS, [off] * len(PROMPTS) + [on] * len(PROMPTS), use_tqdm=False)
     off_out, on_out = outs[: len(PROMPTS)], outs[len(PROMPTS):]
@@ -84,16 +92,23 @@ def main(argv: list[str] | None = None) -> int:
 
     w = max(len(p) for p in PROMPTS)
     print(f"\n{'prompt':<{w}} | steering off -> steering on (scale {args.scale})")
-    changed = 0
+    changed, counts_ok, probe_up = 0, True, 0
     for p, a, b in zip(PROMPTS, off_out, on_out):
         ta, tb = list(a.outputs[0].token_ids), list(b.outputs[0].token_ids)
         changed += ta != tb
         print(f"{p:<{w}} | off: {ta}\n{'':<{w}} |  on: {tb}")
         print(f"{'':<{w}} | off text: {a.outputs[0].text!r}\n{'':<{w}} |  on text: {b.outputs[0].text!r}")
+        pa, pb = a.mi_results["demo_probe"]["probe"], b.mi_results["demo_probe"]["probe"]
+        n = len(a.prompt_token_ids) + len(ta) - 1  # processed positions: prompt + generated[:-1]
+        counts_ok &= len(pa) == n and len(pb) == n and not (np.isnan(pa).any() or np.isnan(pb).any())
+        probe_up += float(pb.mean()) > float(pa.mean())
+        print(f"{'':<{w}} | probe (mean over {n} tokens): off {pa.mean():+.2f}  on {pb.mean():+.2f}")
     equal = [list(a.outputs[0].token_ids) for a in off_out] == plain
-    print(f"\n[demo] steering off == plain vLLM (plugin not loaded): {equal}")
+    print(f"\n[demo] steering off (probe on) == plain vLLM (plugin not loaded): {equal}")
     print(f"[demo] steering on changed {changed}/{len(PROMPTS)} prompts")
-    return 0 if equal and changed > 0 else 1
+    print(f"[demo] one probe score per processed token: {counts_ok}; probe higher with steering on: "
+          f"{probe_up}/{len(PROMPTS)}")
+    return 0 if equal and changed > 0 and counts_ok and probe_up == len(PROMPTS) else 1
 
 
 if __name__ == "__main__":
