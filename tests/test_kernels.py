@@ -178,6 +178,29 @@ def test_row_reference_matches_definition(case):
             torch.testing.assert_close(x @ vec[e], torch.full((int(on.sum()),), values[e]), rtol=1e-4, atol=1e-4)
 
 
+def test_row_reference_with_gate_matches_masked_definition():
+    """A per-token gate (mult) is the same as zeroing the coefficient for those tokens."""
+    from vllm_xmix.kernels.row_write import row_write_reference
+
+    for case in ROW_CASES:
+        h, other, tok_slot, coef, entries, kinds, values, vec = make_row_inputs(*case, torch.float32, "cpu", seed=5)
+        T = h.shape[0]
+        g = torch.Generator().manual_seed(1)
+        mult = (torch.rand(T, len(entries), generator=g) > 0.5).float()
+        got = h.clone()
+        row_write_reference(got, other, tok_slot, coef, entries, kinds, values, vec, mult=mult)
+        want = h.clone()
+        for t in range(T):  # one token at a time with its own coefficient table
+            c = coef.clone()
+            for i, e in enumerate(entries):
+                c[int(tok_slot[t]), e] *= mult[t, i]
+            row = want[t:t + 1].clone()
+            row_write_reference(row, other[t:t + 1] if other is not None else None, tok_slot[t:t + 1], c, entries,
+                                kinds, values, vec)
+            want[t] = row[0]
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 def _row_triton_check(device: str) -> None:
     from vllm_xmix.kernels.row_write import row_write_reference, row_write_triton
 
@@ -195,6 +218,14 @@ def _row_triton_check(device: str) -> None:
             T = h.shape[0]
             inactive = ~(coef[tok_slot[:T].long()][:, entries] != 0).any(1)
             assert torch.equal(got[inactive], h[inactive])
+            # with a per-token gate
+            mult = (torch.rand(T, len(entries), generator=torch.Generator().manual_seed(2)) > 0.5).float().to(device)
+            want = h.clone()
+            row_write_reference(want, other, tok_slot, coef, entries, kinds, values, vec, mult=mult)
+            got = h.clone()
+            row_write_triton(got, other, tok_slot, coef, dev(entries, torch.int32), dev(kinds, torch.int32),
+                             dev(values, torch.float32), vec, block_d=256, mult=mult)
+            torch.testing.assert_close(got, want, **tol)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -250,8 +281,9 @@ def test_router_mask_interpreter():
 
 # ------------------------------------------------------------------ read_rows (probe / capture)
 
-READ_CASES = [  # (T, D, S, kinds of all entries (2 probe, 3 capture), site entries, with other)
-    (6, 64, 3, [2, 3, 2], [0, 1, 2], True),
+READ_CASES = [  # (T, D, S, kinds of all entries (2 probe, 3 capture, 4 cosine), site entries, with other)
+    (6, 64, 3, [2, 3, 2, 4], [0, 1, 2, 3], True),
+    (4, 300, 2, [4], [0], False),
     (5, 100, 2, [3], [0], False),
     (9, 1500, 4, [2, 0, 3], [2, 0], True),  # an entry of another kind in the table, not at this site
     (0, 64, 2, [2], [0], True),
@@ -290,6 +322,8 @@ def read_definition(h, other, tok_slot, coef, entries, kinds, cols, flags, bias,
                 if kinds[e] == 2:
                     s = float(x @ vec[e, :D]) + bias[e]
                     out[t, cols[e]] = 1 / (1 + math.exp(-s)) if flags[e] else s
+                elif kinds[e] == 4:
+                    out[t, cols[e]] = float(x @ vec[e, :D]) / max(float(x.norm()), 1e-12)
                 else:
                     out[t, cols[e]:cols[e] + D] = x
     return out
@@ -330,3 +364,49 @@ def test_read_triton_matches_reference_cuda():
 
 def test_read_triton_matches_reference_interpreter():
     run_interpreted("_read_triton_check")
+
+
+
+# ------------------------------------------------------------------ request_mean (CAST decisions)
+
+
+def make_mean_inputs(device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    S, L, T = 5, 700, 9
+    vals = torch.randn(S, L, generator=g)
+    plen = torch.tensor([0, 3, 650, 1, 40], dtype=torch.int32)
+    tok_slot = torch.tensor([1, 1, 2, 0, 3, 4, 4, 2, 1, 0, 0], dtype=torch.int32)
+    tok_pos = torch.tensor([1, 2, 649, 0, 0, 38, 39, 5, 7, 0, 0], dtype=torch.int32)  # last prompt tokens: t=1,2,4,6
+    mean = torch.full((S, 2), -7.0)
+    return [x.to(device) for x in (vals, tok_slot, tok_pos, plen, mean)] + [T]
+
+
+def test_request_mean_reference_matches_definition():
+    from vllm_xmix.kernels.request_mean import request_mean_reference
+
+    vals, tok_slot, tok_pos, plen, mean, T = make_mean_inputs("cpu")
+    request_mean_reference(vals, tok_slot, tok_pos, plen, mean, 1, T)
+    want = torch.full_like(mean, -7.0)
+    for s in (1, 2, 3, 4):
+        want[s, 1] = vals[s, : int(plen[s])].mean()
+    torch.testing.assert_close(mean, want, rtol=1e-5, atol=1e-6)
+
+
+def _mean_triton_check(device: str) -> None:
+    from vllm_xmix.kernels.request_mean import request_mean_reference, request_mean_triton
+
+    vals, tok_slot, tok_pos, plen, mean, T = make_mean_inputs(device)
+    want = mean.clone()
+    request_mean_reference(vals, tok_slot, tok_pos, plen, want, 0, T)
+    got = mean.clone()
+    request_mean_triton(vals, tok_slot, tok_pos, plen, got, 0, T, block=128)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_request_mean_triton_cuda():
+    _mean_triton_check("cuda")
+
+
+def test_request_mean_triton_interpreter():
+    run_interpreted("_mean_triton_check")

@@ -129,7 +129,8 @@ def validate_engine_config(vllm_config) -> None:
                     f"available on {archs[0]} (available: {', '.join(adapter.HOOKS)})"
                 )
     text = _text_config(mc)
-    validate_deployment(dep, text.num_hidden_layers, text.hidden_size, _n_experts(text))
+    validate_deployment(dep, text.num_hidden_layers, text.hidden_size, _n_experts(text),
+                        getattr(text, "vocab_size", None))
     pc = vllm_config.parallel_config
     if pc.pipeline_parallel_size > 1:
         raise XmixSpecError("additional_config.xmix: pipeline parallelism is not supported yet")
@@ -231,8 +232,10 @@ def validate_request(vllm_config, params):
             raise XmixSpecError(f"mi_apps[{i}]: app {ra.name!r} has reads; reads with n > 1 (parallel "
                                 f"sampling) are not supported (got n={params.n})")
         reads_prompt |= app.reads_prompt()
+        # apps whose writes can land on prompt positions change the prompt's KV: salted by content;
+        # apps that write only at generated positions (cond positions="generated") keep sharing
         scales = [op.scale if ra.scale is None else ra.scale for op in app.ops if op.primitive == "write"]
-        if any(s != 0.0 for s in scales):
+        if app.changes_prompt_kv() and any(s != 0.0 for s in scales):
             effective.append({"app": hashes[ra.name], "scale": ra.scale, "layers": ra.layers})
     salt = None
     if effective:
@@ -298,6 +301,30 @@ def _patch_layer_classes() -> None:
                 return __init__
 
             _mark(f"{cls.__name__}.__init__", cls, "__init__", wrap)
+        for cls in adapter.model_classes():
+
+            def wrap_model(orig, cls=cls, adapter=adapter):
+                sig = inspect.signature(orig)
+
+                @functools.wraps(orig)
+                def __init__(self, *args, **kwargs):
+                    orig(self, *args, **kwargs)
+                    if type(self) is not cls:
+                        return
+                    vllm_config = sig.bind_partial(self, *args, **kwargs).arguments.get("vllm_config")
+                    if vllm_config is None:
+                        from vllm.config import get_current_vllm_config
+
+                        vllm_config = get_current_vllm_config()
+                    from .runtime import get_state_from_config
+
+                    state = get_state_from_config(vllm_config)
+                    if state is not None:
+                        adapter.install_model(self, state)
+
+                return __init__
+
+            _mark(f"{cls.__name__}.__init__", cls, "__init__", wrap_model)
 
 
 # ------------------------------------------------------------------------------------ runners

@@ -46,13 +46,16 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
     triton_ok = h.is_cuda and HAS_TRITON
     if st.site_entries[site] is None:
         pass  # read-only site
-    elif not st.site_has_proj[site]:  # add-only site: the (token, slice)-parallel kernel
+    elif not st.site_has_proj[site] and not st.site_has_cond[site]:  # the (token, slice)-parallel kernel
         steer_add(h, st.tok_slot, st.coef, st.site_entries[site], st.vectors)
-    elif triton_ok:
-        row_write_triton(h, other, st.tok_slot, st.coef, st.site_entries[site], st.kinds, st.values, st.vectors)
-    else:
-        row_write_reference(h, other, st.tok_slot, st.coef, st.site_entries_host[site], st.kinds_host,
-                            st.values_host, st.vectors)
+    else:  # one program per token; conditional entries get a per-token gate
+        mult = st.gate(site, h.shape[0]) if st.site_has_cond[site] else None
+        if triton_ok:
+            row_write_triton(h, other, st.tok_slot, st.coef, st.site_entries[site], st.kinds, st.values, st.vectors,
+                             mult=mult)
+        else:
+            row_write_reference(h, other, st.tok_slot, st.coef, st.site_entries_host[site], st.kinds_host,
+                                st.values_host, st.vectors, mult=mult)
     if st.site_reads[site] is None:
         return
     if triton_ok:
@@ -61,9 +64,22 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
     else:
         read_rows_reference(h, other, st.tok_slot, st.coef, st.site_reads_host[site], st.kinds_host, st.cols_host,
                             st.flags_host, st.values_host, st.vectors, st.out)
+    if st.n_req_bufs:
+        st.store_request_values(site, h.shape[0])
 
 
 def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
+    return None
+
+
+def note_tokens_(h: torch.Tensor, input_ids: torch.Tensor) -> None:
+    """At the embedding (``h`` [T, d_model]: its output, declared mutated so the op is kept and
+    ordered before the layers; not written): record this step's token ids ``input_ids`` [T]
+    (int) and each token's previous token for token-conditioned writes."""
+    _state().note_tokens(input_ids)
+
+
+def note_tokens_fake(h: torch.Tensor, input_ids: torch.Tensor) -> None:
     return None
 
 
@@ -82,6 +98,13 @@ def register_ops() -> None:
         op_func=hook_write_,
         mutates_args=["h"],
         fake_impl=hook_write_fake,
+        target_lib=lib,
+    )
+    direct_register_custom_op(
+        op_name="note_tokens_",
+        op_func=note_tokens_,
+        mutates_args=["h"],
+        fake_impl=note_tokens_fake,
         target_lib=lib,
     )
     _LIB = lib

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .kernels.read_rows import CAPTURE, PROBE
+from .kernels.read_rows import CAPTURE, COSINE, PROBE
 from .kernels.row_write import ADD, PROJ
 from .spec import (
     CONFIG_KEY,
@@ -52,7 +52,7 @@ NULL_SLOT = 0
 MAX_READ_BUFFER_BYTES = 4 << 30
 
 
-@dataclass(frozen=True)
+@dataclass
 class Entry:
     app: str
     op: int
@@ -67,10 +67,23 @@ class Entry:
     width: int = 0
     sigmoid: bool = False
     positions: str = "all"
+    returned: bool = True  # False for condition reads (buffer=): their values stay on the device
+    req_k: int = -1  # request-scope condition read: index into cbuf_req / req_mean
+    # conditional writes only: CK_* kind, index (token set / out column / request buffer), the
+    # comparison (0 '>', 1 '>=', 2 '<', 3 '<='), threshold, generated-positions-only
+    ckind: int = 0
+    cidx: int = 0
+    cop: int = 0
+    cthr: float = 0.0
+    cgen: bool = False
 
     @property
     def is_read(self) -> bool:
-        return self.kind in (PROBE, CAPTURE)
+        return self.kind in (PROBE, CAPTURE, COSINE)
+
+
+CK_NONE, CK_TOKENS, CK_TOKENS_PREV, CK_BUF_TOKEN, CK_BUF_REQUEST = 0, 1, 2, 3, 4
+_OPS = {">": 0, ">=": 1, "<": 2, "<=": 3}
 
 
 @dataclass
@@ -78,7 +91,10 @@ class _Stage:
     tok: torch.Tensor
     rows: torch.Tensor
     idx: torch.Tensor
+    pos: torch.Tensor
+    plen: torch.Tensor
     event: object | None = None
+    keep: list = field(default_factory=list)  # pinned sources of in-flight copies
 
 
 @dataclass
@@ -99,12 +115,16 @@ class XmixState:
     # ---------------------------------------------------------------- construction
     @classmethod
     def build(cls, deployment: DeploymentConfig, n_layers: int, d_model: int, device: torch.device,
-              max_tokens: int, max_slots: int, n_experts: int | None = None) -> "XmixState":
+              max_tokens: int, max_slots: int, n_experts: int | None = None, vocab_size: int = 0,
+              max_model_len: int = 0) -> "XmixState":
         st = cls(deployment, n_layers, d_model, torch.device(device), max_tokens, max_slots)
         width = max(d_model, n_experts or 0)
         vecs = []
         per_site: dict[tuple[int, str], list[int]] = {}
         n_cols = 0
+        n_req = 0
+        buffers: dict[tuple[str, str], int] = {}  # (app, buffer) -> entry of its condition read
+        conds: list = []  # (write entry, app, Cond)
         for ai, app in enumerate(deployment.apps):
             for oi, op in enumerate(app.ops):
                 f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}"
@@ -113,7 +133,9 @@ class XmixState:
                     v = np.concatenate([v, np.zeros(width - v.shape[0], np.float32)])
                 read = op.primitive == "read"
                 if read:
-                    kind = PROBE if op.kind == "linear_probe" else CAPTURE
+                    kind = {"linear_probe": PROBE, "capture": CAPTURE, "cosine": COSINE}[op.kind]
+                    if kind == COSINE:
+                        v = (v / np.linalg.norm(v.astype(np.float64))).astype(np.float32)
                 elif op.kind in ("add", "router_bias"):
                     kind = ADD
                 else:
@@ -123,13 +145,22 @@ class XmixState:
                     per_site.setdefault((L, op.hook), []).append(len(st.entries))
                     if read:
                         w = hook_width(op.hook, d_model, n_experts, f)
-                        ncol = 1 if kind == PROBE else w
+                        ncol = w if kind == CAPTURE else 1
+                        req_k = -1
+                        if op.buffer is not None:
+                            buffers[(app.name, op.buffer)] = len(st.entries)
+                            if op.scope == "request":
+                                req_k = n_req
+                                n_req += 1
                         st.entries.append(Entry(app.name, oi, L, op.hook, 1.0, kind, float(op.bias), name=op.name,
                                                 col=n_cols, width=ncol, sigmoid=op.sigmoid,
-                                                positions=op.positions))
+                                                positions=op.positions, returned=op.buffer is None, req_k=req_k))
                         n_cols += ncol
                     else:
-                        st.entries.append(Entry(app.name, oi, L, op.hook, op.scale, kind, float(op.value or 0.0)))
+                        e = Entry(app.name, oi, L, op.hook, op.scale, kind, float(op.value or 0.0))
+                        if op.cond is not None:
+                            conds.append((len(st.entries), app.name, op.cond))
+                        st.entries.append(e)
                     vecs.append(v)
         if n_cols * max_tokens * 4 > MAX_READ_BUFFER_BYTES:
             raise XmixSpecError(
@@ -155,6 +186,7 @@ class XmixState:
             st.site_reads[sid] = torch.tensor(reads, dtype=torch.int32, device=dev) if reads else None
             st.site_reads_host[sid] = reads
             st.site_has_proj[sid] = any(st.entries[e].kind == PROJ for e in writes)
+        st.site_has_cond = [False] * n
         st.kinds_host = [e.kind for e in st.entries]
         st.values_host = [e.value for e in st.entries]
         st.cols_host = [e.col for e in st.entries]
@@ -165,6 +197,8 @@ class XmixState:
         st.flags = torch.tensor(st.flags_host or [0], dtype=torch.int32, device=dev)
         st.out = torch.zeros(max_tokens if n_cols else 1, max(1, n_cols), dtype=torch.float32, device=dev)
         st.read_mask = np.array([e.is_read for e in st.entries], dtype=bool)
+        st.returned_mask = np.array([e.is_read and e.returned for e in st.entries], dtype=bool)
+        st._build_conditions(conds, buffers, n_req, vocab_size, max_model_len)
         st.site_names = {sid: f"blocks.{L}.{h}" for (L, h), sid in st.sites.items()}
         st.calls = [0] * len(st.sites)
         st._app_entries = {}
@@ -189,11 +223,132 @@ class XmixState:
                 tok=torch.zeros(max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
                 rows=torch.zeros(max_slots, st.coef.shape[1], dtype=torch.float32, device="cpu", pin_memory=pin),
                 idx=torch.zeros(max_slots, dtype=torch.int64, device="cpu", pin_memory=pin),
+                pos=torch.zeros(max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
+                plen=torch.zeros(max_slots, dtype=torch.int32, device="cpu", pin_memory=pin),
             )
             for _ in range(3)
         ]
+        st.preempted: dict[str, None] = {}  # preempted requests keep their slot (and its state)
+        st.req_plen: dict[str, int] = {}
+        st.req_prompt: dict[str, list[int]] = {}
         st._ring_pos = 0
         return st
+
+    def _build_conditions(self, conds, buffers, n_req: int, vocab_size: int, max_model_len: int) -> None:
+        """Device state of conditional writes (issue 4): token sets as vocabulary bitmaps,
+        per-token positions, per-slot prompt lengths; for token conditions the per-slot token
+        history (``hist [S, max_model_len]``: the previous token of a chunk's first position may
+        come from an earlier step); for request-scope conditions the condition read's value at
+        every prompt position (``cbuf_req [K, S, max_model_len]``) and the per-slot mean."""
+        dev = self.device
+        self.has_cond = bool(conds)
+        self.n_req_bufs = n_req
+        self.tok_pos = torch.zeros(self.max_tokens, dtype=torch.int32, device=dev)
+        self.slot_plen = torch.zeros(self.max_slots, dtype=torch.int32, device=dev)
+        sets: list[list[int]] = []
+        self.cond_entries: list[int] = []
+        for e_idx, app, c in conds:
+            e = self.entries[e_idx]
+            if c.tokens is not None or c.tokens_prev is not None:
+                ids = c.tokens if c.tokens is not None else c.tokens_prev
+                e.ckind = CK_TOKENS if c.tokens is not None else CK_TOKENS_PREV
+                e.cidx = len(sets)
+                sets.append(ids)
+            else:
+                src = self.entries[buffers[(app, c.buffer)]]
+                if src.req_k >= 0:
+                    e.ckind, e.cidx = CK_BUF_REQUEST, src.req_k
+                else:
+                    e.ckind, e.cidx = CK_BUF_TOKEN, src.col
+                e.cop, e.cthr = _OPS[c.op], float(c.threshold)
+            e.cgen = c.positions == "generated"
+            self.cond_entries.append(e_idx)
+        self.has_token_cond = bool(sets)
+        L = max(1, max_model_len)
+        if sets:
+            if vocab_size <= 0:
+                raise XmixSpecError("additional_config.xmix: token conditions need the model's vocabulary size")
+            bm = torch.zeros(len(sets), vocab_size, dtype=torch.bool)
+            for i, ids in enumerate(sets):
+                bad = [x for x in ids if x >= vocab_size]
+                if bad:
+                    raise XmixSpecError(f"additional_config.xmix: cond token id {bad[0]} >= vocab size {vocab_size}")
+                bm[i, ids] = True
+            self.bitmaps = bm.to(dev)
+            self.hist = torch.zeros(self.max_slots, L, dtype=torch.int32, device=dev)
+            self.tok_cur = torch.zeros(self.max_tokens, dtype=torch.int64, device=dev)
+            self.tok_prev = torch.full((self.max_tokens,), -1, dtype=torch.int64, device=dev)
+        self.token_hook_calls = 0
+        self.token_hook_installed = False
+        if n_req:
+            self.cbuf_req = torch.zeros(n_req, self.max_slots, L, dtype=torch.float32, device=dev)
+            self.req_mean = torch.zeros(self.max_slots, n_req, dtype=torch.float32, device=dev)
+        cond_set = set(self.cond_entries)
+        for key, sid in self.sites.items():
+            self.site_has_cond[sid] = any(e in cond_set for e in self.site_entries_host[sid])
+
+    def gate(self, site: int, T: int) -> torch.Tensor:
+        """``[T, n_site_write_entries]`` float32: 1 where an entry's condition holds for the token
+        (unconditional entries: 1). Torch ops with static shapes (graph-safe, no host sync)."""
+        slot = self.tok_slot[:T].long()
+        pos = self.tok_pos[:T].long()
+        plen = self.slot_plen[slot].long()
+        cols = []
+        for e_idx in self.site_entries_host[site]:
+            e = self.entries[e_idx]
+            if e.ckind == CK_NONE:
+                cols.append(torch.ones(T, dtype=torch.bool, device=self.device))
+                continue
+            if e.ckind == CK_TOKENS:
+                g = self.bitmaps[e.cidx][self.tok_cur[:T]]
+            elif e.ckind == CK_TOKENS_PREV:
+                prev = self.tok_prev[:T]
+                g = self.bitmaps[e.cidx][prev.clamp(min=0)] & (prev >= 0)
+            elif e.ckind == CK_BUF_TOKEN:
+                g = _compare(self.out[:T, e.cidx], e.cop, e.cthr)
+            else:  # request scope: decided at the last prompt token, applies from there on
+                g = _compare(self.req_mean[slot, e.cidx], e.cop, e.cthr) & (pos >= plen - 1)
+            if e.cgen:
+                g = g & (pos >= plen)
+            cols.append(g)
+        return torch.stack(cols, dim=1).float()
+
+    def store_request_values(self, site: int, T: int) -> None:
+        """After the reads of ``site``: keep request-scope condition values by (slot, position)
+        for prompt positions, then the mean over the prompt for requests whose last prompt token
+        is in this step (``kernels/request_mean.py``)."""
+        from .kernels.request_mean import request_mean_reference, request_mean_triton
+
+        slot = self.tok_slot[:T].long()
+        pos = self.tok_pos[:T].long()
+        plen = self.slot_plen[slot].long()
+        for e_idx in self.site_reads_host[site]:
+            e = self.entries[e_idx]
+            if e.req_k < 0:
+                continue
+            on = (self.coef[slot, e_idx] != 0) & (pos < plen)
+            rows = torch.where(on, slot, torch.zeros_like(slot))  # row 0: the null slot, a trash row
+            self.cbuf_req[e.req_k].index_put_((rows, torch.where(on, pos, torch.zeros_like(pos))),
+                                              self.out[:T, e.col])
+            if self.device.type == "cuda":
+                request_mean_triton(self.cbuf_req[e.req_k], self.tok_slot, self.tok_pos, self.slot_plen,
+                                    self.req_mean, e.req_k, T)
+            else:
+                request_mean_reference(self.cbuf_req[e.req_k], self.tok_slot, self.tok_pos, self.slot_plen,
+                                       self.req_mean, e.req_k, T)
+
+    def note_tokens(self, input_ids: torch.Tensor) -> None:
+        """At the embedding: this step's token ids, and each token's previous token (from the same
+        step, or the slot's history for a chunk's first token). Torch ops, static shapes."""
+        self.token_hook_calls += 1
+        T = input_ids.shape[0]
+        slot = self.tok_slot[:T].long()
+        pos = self.tok_pos[:T].long()
+        ids = input_ids.long()
+        self.hist.index_put_((slot, pos), ids.to(torch.int32))  # slot 0 (padding, app-free): trash row
+        prev = self.hist[slot, (pos - 1).clamp(min=0)].long()
+        self.tok_cur[:T].copy_(ids)
+        self.tok_prev[:T].copy_(torch.where(pos > 0, prev, torch.full_like(prev, -1)))
 
     def site_id(self, layer: int, hook: str) -> int | None:
         return self.sites.get((layer, hook))
@@ -213,8 +368,8 @@ class XmixState:
             layers = set(ra.layers) if ra.layers is not None else None
             for e_idx in self._app_entries[ra.name]:
                 e = self.entries[e_idx]
-                if layers is not None and e.layer not in layers:
-                    continue
+                if layers is not None and e.layer not in layers and e.returned:
+                    continue  # (condition reads stay on: the app's conditional writes need them)
                 if e.is_read:  # a read's coefficient is its on/off gate (scale 0 = app off)
                     row[e_idx] = 0.0 if ra.scale == 0 else 1.0
                 else:
@@ -223,37 +378,46 @@ class XmixState:
 
     def update_requests(self, scheduler_output) -> None:
         """Registry update from a SchedulerOutput (called before the runner's own update)."""
-        for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():
-            self.req_rows.pop(rid, None)
-            self.req_reads.pop(rid, None)
-            self._free(rid)
+        for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():  # finished or aborted
+            self._forget(rid)
         for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
-            self._free(rid)  # keep the row: the request comes back
+            if rid in self.req_slot:  # keep the row and the slot (its device state): the request comes back
+                self.preempted[rid] = None
         for nr in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
             sp = getattr(nr, "sampling_params", None)
             row = self.request_row(sp.extra_args if sp is not None else None)
-            self._free(nr.req_id)
-            self.req_reads.pop(nr.req_id, None)
-            if row is None:
-                self.req_rows.pop(nr.req_id, None)
-            else:
+            self._forget(nr.req_id)
+            if row is not None:
                 self.req_rows[nr.req_id] = row
-                reads = np.flatnonzero(self.read_mask & (row != 0))
+                P = len(nr.prompt_token_ids) if nr.prompt_token_ids is not None else len(nr.prompt_embeds)
+                self.req_plen[nr.req_id] = P
+                if self.has_token_cond and nr.prompt_token_ids is not None:
+                    self.req_prompt[nr.req_id] = list(nr.prompt_token_ids)
+                reads = np.flatnonzero(self.returned_mask & (row != 0))
                 if reads.size:
-                    P = len(nr.prompt_token_ids) if nr.prompt_token_ids is not None else len(nr.prompt_embeds)
                     self.req_reads[nr.req_id] = (reads, P)
-        # absolute position of the first scheduled token of each reading request (for alignment:
-        # chunked prefill, recompute after preemption and async scheduling all come through here)
+        # absolute position of the first scheduled token of each request with apps (alignment of
+        # reads and conditions: chunked prefill, recompute and async scheduling come through here)
         self._step_pos = {}
-        if self.req_reads:
+        track = self.req_reads if not self.has_cond else self.req_rows
+        if track:
             for nr in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
-                if nr.req_id in self.req_reads:
+                if nr.req_id in track:
                     self._step_pos[nr.req_id] = int(nr.num_computed_tokens)
             cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
             if cached is not None:
                 for rid, nct in zip(cached.req_ids, cached.num_computed_tokens):
-                    if rid in self.req_reads:
+                    if rid in track:
                         self._step_pos[rid] = int(nct)
+                        self.preempted.pop(rid, None)
+
+    def _forget(self, rid: str) -> None:
+        self.req_rows.pop(rid, None)
+        self.req_reads.pop(rid, None)
+        self.req_plen.pop(rid, None)
+        self.req_prompt.pop(rid, None)
+        self.preempted.pop(rid, None)
+        self._free(rid)
 
     def _free(self, rid: str) -> None:
         s = self.req_slot.pop(rid, None)
@@ -266,14 +430,20 @@ class XmixState:
             return NULL_SLOT
         s = self.req_slot.get(rid)
         if s is None:
+            if not self.free_slots and self.preempted:
+                victim = next(iter(self.preempted))  # the longest-preempted request gives its slot
+                logger.warning("vllm_xmix: out of request slots; request %s (preempted) loses its slot and "
+                               "its condition state (token history, prompt values)", victim)
+                self.preempted.pop(victim)
+                self._free(victim)
             if not self.free_slots:
                 raise RuntimeError(
-                    f"vllm_xmix: out of request slots ({self.max_slots - 1}); more steered requests "
-                    "are scheduled than max_num_seqs allows"
+                    f"vllm_xmix: out of request slots ({self.max_slots - 1}); more requests with apps "
+                    "are running than max_num_seqs allows"
                 )
             s = self.free_slots.pop()
             self.req_slot[rid] = s
-            self.pending_rows.append((s, row))
+            self.pending_rows.append((s, row, self.req_plen.get(rid, 0), self.req_prompt.get(rid)))
         return s
 
     # ---------------------------------------------------------------- per step
@@ -300,25 +470,42 @@ class XmixState:
             raise RuntimeError(f"vllm_xmix: {T} tokens in a step > buffer size {self.max_tokens}")
         stage = self._next_stage()
         tok = stage.tok.numpy()
-        tok[:T] = np.repeat(slots, num_scheduled_tokens)
+        tok[:T] = np.repeat(slots, num_scheduled_tokens[:n_req])
         tok[T:n] = NULL_SLOT
         self.tok_slot[:n].copy_(stage.tok[:n], non_blocking=True)
+        if self.has_cond:  # absolute position of every token (0 for app-free tokens and padding)
+            starts = np.fromiter((self._step_pos.get(r, 0) for r in req_ids[:n_req]), dtype=np.int64, count=n_req)
+            row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])[:-1]])
+            pos = stage.pos.numpy()
+            pos[:T] = np.repeat(starts - row0, num_scheduled_tokens[:n_req]) + np.arange(T)
+            pos[:T][tok[:T] == NULL_SLOT] = 0
+            pos[T:n] = 0
+            self.tok_pos[:n].copy_(stage.pos[:n], non_blocking=True)
         if self.pending_rows:
             k = len(self.pending_rows)
-            for i, (s, row) in enumerate(self.pending_rows):
+            for i, (s, row, plen, prompt) in enumerate(self.pending_rows):
                 stage.idx[i] = s
                 stage.rows[i].numpy()[:] = row
+                stage.plen[i] = plen
+                if prompt is not None and self.has_token_cond:  # for a first chunk after a cache hit
+                    src = torch.tensor(prompt[: self.hist.shape[1]], dtype=torch.int32)
+                    if self.device.type == "cuda":
+                        src = src.pin_memory()
+                    stage.keep.append(src)
+                    self.hist[s, : src.shape[0]].copy_(src, non_blocking=True)
             self.pending_rows.clear()
             rows = stage.rows[:k].to(self.device, non_blocking=True)
             idx = stage.idx[:k].to(self.device, non_blocking=True)
             self.coef.index_copy_(0, idx, rows)
+            if self.has_cond:
+                self.slot_plen.index_copy_(0, idx, stage.plen[:k].to(self.device, non_blocking=True))
         if stage.event is not None:
             stage.event.record()
         self.high_water = T if any_on else 0
-        if self._step_pos:
+        if self._step_pos and self.req_reads:
             row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])])
             self._step_reads = [(r, int(row0[i]), int(num_scheduled_tokens[i]), self._step_pos[r]) + self.req_reads[r]
-                                for i, r in enumerate(req_ids[:n_req]) if r in self._step_pos]
+                                for i, r in enumerate(req_ids[:n_req]) if r in self.req_reads and r in self._step_pos]
 
     # ---------------------------------------------------------------- reads
     def snapshot(self) -> None:
@@ -379,6 +566,7 @@ class XmixState:
                 stage.event = torch.cuda.Event()
             else:
                 stage.event.synchronize()  # the H2D copy that last read this buffer is done
+        stage.keep.clear()
         return stage
 
     # ---------------------------------------------------------------- checks
@@ -393,7 +581,12 @@ class XmixState:
                 f"vllm_xmix: deployed hook sites {missing} were not installed on the model "
                 "(unsupported architecture or layer class)"
             )
+        if self.has_token_cond and not self.token_hook_installed:
+            raise RuntimeError("vllm_xmix: token conditions are deployed but the embedding hook is not installed "
+                               "(unsupported model class)")
         silent = [self.site_names[s] for s in range(len(self.sites)) if self.calls[s] == 0]
+        if self.has_token_cond and self.token_hook_calls == 0:
+            silent.append("embed_tokens (token conditions)")
         if silent:
             raise RuntimeError(
                 f"vllm_xmix: hook sites {silent} never executed although the model ran: the "
@@ -401,6 +594,10 @@ class XmixState:
                 "VLLM_CACHE_ROOT/torch_compile_cache or set VLLM_DISABLE_COMPILE_CACHE=1."
             )
         self.verified = True
+
+
+def _compare(v: torch.Tensor, op: int, thr: float) -> torch.Tensor:
+    return (v > thr) if op == 0 else (v >= thr) if op == 1 else (v < thr) if op == 2 else (v <= thr)
 
 
 # -------------------------------------------------------------------- lookup helpers
@@ -437,8 +634,11 @@ def get_or_create_state(vllm_config, layer: torch.nn.Module | None = None) -> Xm
         device = vllm_config.device_config.device or torch.device("cpu")
     from ._vllm_compat import _n_experts
 
+    # slots: running requests plus preempted ones that keep theirs (their condition state)
     st = XmixState.build(dep, text.num_hidden_layers, text.hidden_size, device, max_tokens,
-                         int(sched.max_num_seqs) + 1, _n_experts(text))
+                         2 * int(sched.max_num_seqs) + 1, _n_experts(text),
+                         vocab_size=int(getattr(text, "vocab_size", 0) or 0),
+                         max_model_len=int(vllm_config.model_config.max_model_len))
     ctx[STATE_KEY] = st
     logger.info("vllm_xmix: %d app(s), %d hook site(s), %d entries on %s", len(dep.apps),
                 len(st.sites), len(st.entries), device)

@@ -46,7 +46,7 @@ KNOWN_HOOKS = SUPPORTED_HOOKS
 ROUTER_HOOK = "mlp.hook_router_logits"
 SUPPORTED_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp", "router_bias")
 KNOWN_WRITE_KINDS: tuple[str, ...] = ("add", "ablate", "clamp", "router_bias")
-KNOWN_READ_KINDS: tuple[str, ...] = ("capture", "linear_probe")
+KNOWN_READ_KINDS: tuple[str, ...] = ("capture", "linear_probe", "cosine")
 #: capture positions: every processed position, the positions that predicted a generated token,
 #: or only the last prompt token (the one that predicted the first generated token)
 CAPTURE_POSITIONS: tuple[str, ...] = ("all", "generated", "last")
@@ -119,6 +119,70 @@ class VectorFile(BaseModel):
     key: str | None = None
 
 
+class Cond(BaseModel):
+    """The predicate of a conditional write (xMIx section 3: a write guarded by a predicate
+    computed on the GPU). Exactly one of:
+
+    * ``tokens``: token ids; the write applies at a position whose *current* (input) token is in
+      the set (SEAL, Chen et al. 2025: steer at ``"\\n\\n"``-like tokens);
+    * ``tokens_prev``: the write applies at a position whose *previous* token is in the set;
+    * ``buffer``: the name of a condition read of the same app (``read(..., buffer=name)``),
+      compared with ``threshold`` by ``op``. Its ``scope`` decides what is compared: ``"token"``:
+      the value at the same position (same forward); ``"request"``: the mean of the value over
+      the request's prompt tokens, decided once the prompt is processed, and the write then
+      applies at every position from the last prompt token on, i.e. to every generated token
+      (CAST, Lee et al. 2025). Identical for every chunking of the prompt.
+
+    ``positions="generated"`` restricts a token or per-token condition to positions of generated
+    tokens (the prompt's KV is then untouched and keeps sharing the prefix cache).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[int] | None = None
+    tokens_prev: list[int] | None = None
+    buffer: str | None = None
+    op: Literal[">", ">=", "<", "<="] = ">"
+    threshold: float | None = None
+    positions: Literal["all", "generated"] = "all"
+
+    @field_validator("tokens", "tokens_prev", mode="before")
+    @classmethod
+    def _ids(cls, v):
+        if v is None:
+            return v
+        import numbers
+
+        if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
+            raise ValueError(f"expected a list of token ids, got {type(v).__name__}")
+        out = []
+        for x in v:
+            if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral) or x < 0:
+                raise ValueError(f"token ids must be non-negative integers, got {x!r}")
+            out.append(int(x))
+        if not out:
+            raise ValueError("empty token set")
+        return sorted(set(out))
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _thr(cls, v):
+        return None if v is None else _finite_number(v)
+
+    @model_validator(mode="after")
+    def _one(self):
+        given = [k for k in ("tokens", "tokens_prev", "buffer") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of tokens, tokens_prev, buffer (got {given or 'none'})")
+        if self.buffer is not None and self.threshold is None:
+            raise ValueError("threshold: a buffer condition needs a threshold")
+        if self.buffer is None and self.threshold is not None:
+            raise ValueError("threshold: only a buffer condition takes a threshold")
+        return self
+
+    def kind(self) -> str:
+        return "tokens" if self.tokens is not None else "tokens_prev" if self.tokens_prev is not None else "buffer"
+
+
 class WriteOp(BaseModel):
     """One write: ``kind`` applied at ``blocks.{L}.{hook}`` for every ``L`` in ``layers``.
 
@@ -139,7 +203,7 @@ class WriteOp(BaseModel):
         scale: default coefficient; a request may override it (0 = off).
         value: clamp target (projection on ``r``, in the activation's units); required for
             ``clamp`` and refused for the other kinds.
-        cond: reserved for conditional writes (not yet supported: rejected).
+        cond: optional :class:`Cond`: the write applies only where the predicate holds.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -150,7 +214,7 @@ class WriteOp(BaseModel):
     vector: Union[list[float], VectorFile]
     scale: float = 1.0
     value: float | None = None
-    cond: dict[str, Any] | None = None
+    cond: Cond | None = None
 
     @field_validator("kind")
     @classmethod
@@ -224,13 +288,11 @@ class WriteOp(BaseModel):
             raise ValueError("value: a 'clamp' write needs the target projection value (use 'ablate' for 0)")
         return self
 
-    @field_validator("cond")
-    @classmethod
-    def _cond(cls, v):
-        if v is not None:
-            raise ValueError("conditional writes are not yet supported (token- and "
-                             "activation-triggered conditions come with the conditional-write runtime)")
-        return v
+    @model_validator(mode="after")
+    def _cond_kind(self):
+        if self.cond is not None and self.kind == "router_bias":
+            raise ValueError("cond: conditional router_bias writes are not supported yet")
+        return self
 
 
 class ReadOp(BaseModel):
@@ -248,8 +310,14 @@ class ReadOp(BaseModel):
             at the same hook (``hidden + residual`` for the ``hook_resid_*`` hooks).
         weight: the probe direction ``[d_model]`` (``[n_experts]`` at the router hook), floats
             or a ``VectorFile``; probes only.
+            ``"cosine"``: ``w . x / (|w| |x|)``, the cosine similarity with a condition vector
+            (CAST's condition score), float32.
         bias: probe intercept (float); probes only.
         sigmoid: probes only.
+        buffer: makes this a *condition read*: its values feed the ``cond(buffer=...)`` of the
+            app's writes at later layers instead of coming back to the user (one layer only;
+            ``linear_probe`` or ``cosine``).
+        scope: of a buffer: ``"token"`` (per position) or ``"request"`` (mean over the prompt).
         positions: captures only: ``"all"`` (every processed position), ``"generated"`` (the
             positions whose next-token prediction was a generated token) or ``"last"`` (the last
             prompt token). Probes always return every processed position.
@@ -258,8 +326,10 @@ class ReadOp(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     primitive: Literal["read"] = "read"
-    kind: Literal["linear_probe", "capture"]
+    kind: Literal["linear_probe", "capture", "cosine"]
     name: str | None = None
+    buffer: str | None = None
+    scope: Literal["token", "request"] = "token"
     hook: str = "hook_resid_post"
     layers: Union[list[int], Literal["all"]] = "all"
     weight: Union[list[float], VectorFile, None] = None
@@ -308,16 +378,29 @@ class ReadOp(BaseModel):
 
     @model_validator(mode="after")
     def _per_kind(self):
-        if self.kind == "linear_probe":
+        if self.kind in ("linear_probe", "cosine"):
             if self.weight is None:
-                raise ValueError("weight: a 'linear_probe' read needs a weight vector")
+                raise ValueError(f"weight: a {self.kind!r} read needs a weight vector")
             if self.positions != "all":
                 raise ValueError("positions: probes return every processed position (only captures take positions)")
+            if self.kind == "cosine" and (self.bias != 0.0 or self.sigmoid):
+                raise ValueError("bias/sigmoid: only a 'linear_probe' read takes them")
         else:
             if self.weight is not None or self.bias != 0.0 or self.sigmoid:
                 raise ValueError("weight/bias/sigmoid: only a 'linear_probe' read takes them (this read is a capture)")
+        if self.buffer is not None:
+            if self.kind == "capture":
+                raise ValueError("buffer: a condition read is a 'linear_probe' or 'cosine', not a capture")
+            if not _NAME_RE.match(self.buffer):
+                raise ValueError(f"buffer: {self.buffer!r} must match {_NAME_RE.pattern}")
+            if not (isinstance(self.layers, list) and len(self.layers) == 1):
+                raise ValueError(f"layers: a condition read (buffer {self.buffer!r}) reads exactly one layer")
+        elif self.scope != "token":
+            raise ValueError("scope: only a condition read (with buffer=) takes a scope")
         if self.name is None:
-            self.name = "probe" if self.kind == "linear_probe" else "capture"
+            self.name = {"linear_probe": "probe", "capture": "capture", "cosine": "cosine"}[self.kind]
+            if self.buffer is not None:
+                self.name = self.buffer
         if not _NAME_RE.match(self.name):
             raise ValueError(f"name: {self.name!r} must match {_NAME_RE.pattern}")
         return self
@@ -362,14 +445,40 @@ class AppSpec(BaseModel):
             raise ValueError(f"read names {dup} used twice in one app; give each read a distinct name=")
         return v
 
+    @field_validator("ops")
+    @classmethod
+    def _buffers(cls, v):
+        bufs = [op.buffer for op in v if op.primitive == "read" and op.buffer is not None]
+        dup = sorted({b for b in bufs if bufs.count(b) > 1})
+        if dup:
+            raise ValueError(f"buffer names {dup} defined twice in one app")
+        for i, op in enumerate(v):
+            if op.primitive == "write" and op.cond is not None and op.cond.buffer is not None:
+                if op.cond.buffer not in bufs:
+                    raise ValueError(f"{i}.cond.buffer: no read of this app writes buffer {op.cond.buffer!r} "
+                                     f"(defined: {bufs or 'none'}; use read(..., buffer=...))")
+        return v
+
+    def buffer_read(self, name: str) -> "ReadOp":
+        return next(op for op in self.ops if op.primitive == "read" and op.buffer == name)
+
     @property
     def has_reads(self) -> bool:
-        return any(op.primitive == "read" for op in self.ops)
+        """Reads whose values come back to the user (condition reads do not)."""
+        return any(op.primitive == "read" and op.buffer is None for op in self.ops)
 
     def reads_prompt(self) -> bool:
-        """True if a read returns values at prompt positions other than the last one (then the
-        request's prompt must be computed, not taken from the prefix cache)."""
-        return any(op.primitive == "read" and (op.kind == "linear_probe" or op.positions == "all")
+        """True if the app needs values at prompt positions other than the last one: returned
+        reads of every position, and request-scope conditions (mean over the prompt). Such a
+        request must compute its whole prompt, never take it from the prefix cache."""
+        return any(op.primitive == "read" and (
+            (op.buffer is None and (op.kind == "linear_probe" or op.positions == "all"))
+            or (op.buffer is not None and op.scope == "request")) for op in self.ops)
+
+    def changes_prompt_kv(self) -> bool:
+        """True if a write can apply at a prompt position (then the prompt's KV differs from an
+        app-free request's and must not be shared through the prefix cache)."""
+        return any(op.primitive == "write" and not (op.cond is not None and op.cond.positions == "generated")
                    for op in self.ops)
 
     def content_hash(self) -> str:
@@ -555,6 +664,8 @@ def load_op_vector(op: WriteOp | ReadOp, field: str, d_model: int, n_experts: in
         if op.kind == "capture":
             return np.zeros(width, np.float32)
         w = load_vector(op.weight, field + ".weight")
+        if op.kind == "cosine" and not np.any(w):
+            raise XmixSpecError(f"{field}.weight: zero vector has no direction for a cosine similarity")
         if w.shape[0] != width:
             what = "n_experts" if op.hook == ROUTER_HOOK else "d_model"
             raise XmixSpecError(f"{field}.weight: length {w.shape[0]} != {what} {width} of this model")
@@ -577,7 +688,8 @@ def load_op_vector(op: WriteOp | ReadOp, field: str, d_model: int, n_experts: in
     return vec
 
 
-def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int, n_experts: int | None = None) -> None:
+def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int, n_experts: int | None = None,
+                        vocab_size: int | None = None) -> None:
     """Check a deployment against the model (layer range, vector size, finiteness).
 
     Raises:
@@ -586,8 +698,24 @@ def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int, n_ex
     for ai, app in enumerate(dep.apps):
         for oi, op in enumerate(app.ops):
             f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}"
-            resolve_layers(op.layers, n_layers, f + ".layers")
+            layers = resolve_layers(op.layers, n_layers, f + ".layers")
             load_op_vector(op, f, d_model, n_experts)
+            cond = getattr(op, "cond", None) if op.primitive == "write" else None
+            if cond is None:
+                continue
+            if cond.buffer is not None:
+                src = app.buffer_read(cond.buffer)
+                a = src.layers[0]
+                if min(layers) <= a:
+                    raise XmixSpecError(
+                        f"{f}.layers: a write conditioned on buffer {cond.buffer!r} (read at layer {a}) must be at "
+                        f"later layers (got {min(layers)}): the condition is computed on the way up")
+                if src.scope == "request" and cond.positions != "all":
+                    raise XmixSpecError(f"{f}.cond.positions: a request-scope condition already applies to "
+                                        "generated tokens only; leave positions at 'all'")
+            ids = cond.tokens if cond.tokens is not None else cond.tokens_prev
+            if ids is not None and vocab_size is not None and max(ids) >= vocab_size:
+                raise XmixSpecError(f"{f}.cond: token id {max(ids)} >= vocab size {vocab_size} of this model")
 
 
 # --------------------------------------------------------------------------------------------
@@ -742,8 +870,9 @@ class _OpBuilder:
         return self
 
     def cond(self, **predicate) -> "_OpBuilder":
-        """Guard the op with a predicate (token- or activation-driven). Not yet supported:
-        the spec keeps it and validation rejects it, so it can never be silently ignored."""
+        """Guard a write with a predicate (see :class:`Cond`): ``tokens=[ids]``,
+        ``tokens_prev=[ids]``, or ``buffer="name", op=">", threshold=t``; optional
+        ``positions="generated"``. Reads cannot be conditioned (rejected)."""
         self._fields["cond"] = predicate or {"": None}
         return self
 
@@ -795,10 +924,13 @@ class MIApp:
         return op
 
     def read(self, kind: str, *, weight=None, bias: float = 0.0, sigmoid: bool = False,
-             positions: str | None = None, name: str | None = None, key: str | None = None) -> _OpBuilder:
-        """Declare a read: ``"linear_probe"`` (``weight`` ``[d_model]``, ``bias``, ``sigmoid``)
-        or ``"capture"`` (``positions``: ``"all"``, ``"generated"``, ``"last"``); ``name`` keys
-        the result in ``RequestOutput.mi_results[app]``. See :class:`ReadOp` for shapes and
+             positions: str | None = None, name: str | None = None, key: str | None = None,
+             buffer: str | None = None, scope: str | None = None) -> _OpBuilder:
+        """Declare a read: ``"linear_probe"`` (``weight`` ``[d_model]``, ``bias``, ``sigmoid``),
+        ``"cosine"`` (``weight``: the condition vector) or ``"capture"`` (``positions``:
+        ``"all"``, ``"generated"``, ``"last"``); ``name`` keys the result in
+        ``RequestOutput.mi_results[app]``; ``buffer`` (+ ``scope``) makes it a condition read
+        for ``cond(buffer=...)`` instead. See :class:`ReadOp` for shapes and
         semantics. Returns the op builder (``.layers``, ``.submodule``, ``.cond``).
 
         Raises:
@@ -817,6 +949,10 @@ class MIApp:
             fields["positions"] = positions
         if name is not None:
             fields["name"] = name
+        if buffer is not None:
+            fields["buffer"] = buffer
+        if scope is not None:
+            fields["scope"] = scope
         op = _OpBuilder(self, fields)
         self._ops.append(op)
         return op

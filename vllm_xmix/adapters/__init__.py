@@ -2,7 +2,8 @@
 
 Each adapter module exposes ``ARCHITECTURES`` (HF architecture names it serves), ``HOOKS`` (the
 TransformerLens hook names it can attach to), ``layer_classes()``
-(the vLLM decoder-layer classes, resolved lazily) and ``install(layer, state, layer_idx)``.
+(the vLLM decoder-layer classes, resolved lazily), ``install(layer, state, layer_idx)``, and
+``model_classes()`` / ``install_model(model, state)`` for model-level hooks (the token embedding).
 ``SUPPORTED_ARCHITECTURES`` is checked at engine start: an app deployed on any other architecture
 is an error, never a silent no-op.
 """

@@ -97,3 +97,21 @@ def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, *, att
     if (s := sid("hook_resid_post")) is not None:
         layer.register_forward_hook(functools.partial(_resid_post, s))
         state.installed.add(s)
+
+
+def _note_tokens(module, args, output):
+    input_ids = args[0]
+    torch.ops.vllm_xmix.note_tokens_(output, input_ids)
+    return output
+
+
+def install_token_hook(model: torch.nn.Module, state, embed: str = "embed_tokens") -> None:
+    """For token-conditioned writes: a forward hook on the model's token embedding records the
+    step's token ids on the device (graph-safe; async scheduling puts sampled ids there)."""
+    if not getattr(state, "has_token_cond", False):
+        return
+    emb = getattr(model, embed, None)
+    if emb is None or not isinstance(emb, torch.nn.Module):
+        return  # verify_hooks_fired reports it
+    emb.register_forward_hook(_note_tokens)
+    state.token_hook_installed = True

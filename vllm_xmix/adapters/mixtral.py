@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from ._residual import RESIDUAL_HOOKS, install_residual_hooks
+from ._residual import RESIDUAL_HOOKS, install_residual_hooks, install_token_hook
 
 ARCHITECTURES = ("MixtralForCausalLM",)
 HOOKS = RESIDUAL_HOOKS + ("mlp.hook_router_logits",)
@@ -35,3 +35,14 @@ def install(layer: torch.nn.Module, state, layer_idx: int) -> None:
     if site is not None:
         layer.block_sparse_moe.gate.register_forward_hook(functools.partial(_router_hook, site))
         state.installed.add(site)
+
+
+def model_classes() -> tuple[type, ...]:
+    from vllm.model_executor.models.mixtral import MixtralModel
+
+    return (MixtralModel,)
+
+
+def install_model(model: torch.nn.Module, state) -> None:
+    """Model-level hooks (after the layers are built): the token embedding, for token conditions."""
+    install_token_hook(model, state)

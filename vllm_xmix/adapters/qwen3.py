@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ._residual import RESIDUAL_HOOKS, install_residual_hooks
+from ._residual import RESIDUAL_HOOKS, install_residual_hooks, install_token_hook
 
 ARCHITECTURES = ("Qwen3ForCausalLM",)
 HOOKS = RESIDUAL_HOOKS
@@ -20,3 +20,14 @@ def layer_classes() -> tuple[type, ...]:
 
 def install(layer: torch.nn.Module, state, layer_idx: int) -> None:
     install_residual_hooks(layer, state, layer_idx)
+
+
+def model_classes() -> tuple[type, ...]:
+    from vllm.model_executor.models.qwen3 import Qwen3Model
+
+    return (Qwen3Model,)
+
+
+def install_model(model: torch.nn.Module, state) -> None:
+    """Model-level hooks (after the layers are built): the token embedding, for token conditions."""
+    install_token_hook(model, state)

@@ -7,6 +7,7 @@ Semantics, for every token ``t`` and the site's read entries ``e``::
         kind[e] == PROBE:   out[t, col[e]] = s if not sigmoid[e] else 1 / (1 + exp(-s)),
                             s = x . vectors[e] + bias[e]          (a linear / logistic probe)
         kind[e] == CAPTURE: out[t, col[e] : col[e] + D] = x
+        kind[e] == COSINE:  out[t, col[e]] = x . vectors[e] / max(|x|, 1e-12)   (vectors[e] unit)
 
 Rows of tokens whose request has the read off are not written (stale values stay: the host reads
 only the rows of requests that have it on). Arithmetic and ``out`` in float32.
@@ -25,7 +26,7 @@ import torch
 
 from .steer_add import HAS_TRITON
 
-PROBE, CAPTURE = 2, 3  # entry kinds (writes use 0 / 1, kernels.row_write)
+PROBE, CAPTURE, COSINE = 2, 3, 4  # entry kinds (writes use 0 / 1, kernels.row_write)
 
 if HAS_TRITON:
     import triton
@@ -49,14 +50,18 @@ if HAS_TRITON:
                 if c != 0.0:
                     col = tl.load(cols_ptr + e).to(tl.int64)
                     kind = tl.load(kinds_ptr + e)
-                    if kind == 2:
-                        w = tl.load(vec_ptr + e * stride_vec + offs, mask=m, other=0.0)
-                        s = tl.sum(x * w, axis=0) + tl.load(bias_ptr + e)
-                        if tl.load(flags_ptr + e) != 0:
-                            s = 1.0 / (1.0 + tl.exp(-s))
-                        tl.store(out_ptr + t * stride_out + col, s)
-                    else:
+                    if kind == 3:
                         tl.store(out_ptr + t * stride_out + col + offs, x, mask=m)
+                    else:
+                        w = tl.load(vec_ptr + e * stride_vec + offs, mask=m, other=0.0)
+                        s = tl.sum(x * w, axis=0)
+                        if kind == 4:
+                            s = s / tl.maximum(tl.sqrt(tl.sum(x * x, axis=0)), 1e-12)
+                        else:
+                            s += tl.load(bias_ptr + e)
+                            if tl.load(flags_ptr + e) != 0:
+                                s = 1.0 / (1.0 + tl.exp(-s))
+                        tl.store(out_ptr + t * stride_out + col, s)
 
 
 def read_rows_reference(h: torch.Tensor, other: torch.Tensor | None, tok_slot: torch.Tensor, coef: torch.Tensor,
@@ -76,6 +81,9 @@ def read_rows_reference(h: torch.Tensor, other: torch.Tensor | None, tok_slot: t
             s = x @ vectors[e, :D].float() + bias[e]
             if flags[e]:
                 s = torch.sigmoid(s)
+            out[:T, col].copy_(torch.where(on, s, out[:T, col]))
+        elif kinds[e] == COSINE:
+            s = (x @ vectors[e, :D].float()) / x.norm(dim=1).clamp_min(1e-12)
             out[:T, col].copy_(torch.where(on, s, out[:T, col]))
         else:
             out[:T, col:col + D].copy_(torch.where(on.unsqueeze(1), x, out[:T, col:col + D]))

@@ -4,7 +4,9 @@ at the same site), the kernel beside its torch reference.
 Semantics, for every token ``t`` and the site's entries ``e`` in order (sequential: each entry
 sees the result of the previous ones)::
 
-    c = coef[tok_slot[t], e]                      # 0 => entry off for this token
+    c = coef[tok_slot[t], e] * mult[t, i]         # 0 => entry off for this token; mult (optional,
+                                                  # [T, E] float32, i = index of e at the site):
+                                                  # the per-token condition gate of the entry
     if c != 0:
         x = h[t] + other[t]                       # the hook's value (other: the residual half
                                                   # the write does not land on; None => h[t])
@@ -35,14 +37,16 @@ if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["n_entries"])
     def _row_write_kernel(h_ptr, stride_h, o_ptr, stride_o, tok_slot_ptr, coef_ptr, stride_coef, entries_ptr,
-                          kinds_ptr, values_ptr, vec_ptr, stride_vec, n_entries, D,
-                          HAS_OTHER: tl.constexpr, BLOCK_D: tl.constexpr):
+                          kinds_ptr, values_ptr, vec_ptr, stride_vec, mult_ptr, stride_mult, n_entries, D,
+                          HAS_OTHER: tl.constexpr, HAS_MULT: tl.constexpr, BLOCK_D: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(tok_slot_ptr + t).to(tl.int64)
         ar = tl.arange(0, BLOCK_D)
         for i in range(n_entries):
             e = tl.load(entries_ptr + i).to(tl.int64)
             c = tl.load(coef_ptr + slot * stride_coef + e)
+            if HAS_MULT:
+                c = c * tl.load(mult_ptr + t * stride_mult + i)
             if c != 0.0:
                 kind = tl.load(kinds_ptr + e)
                 coeff = c
@@ -68,15 +72,18 @@ if HAS_TRITON:
 
 
 def row_write_reference(h: torch.Tensor, other: torch.Tensor | None, tok_slot: torch.Tensor, coef: torch.Tensor,
-                        entries: list[int], kinds: list[int], values: list[float], vectors: torch.Tensor) -> None:
+                        entries: list[int], kinds: list[int], values: list[float], vectors: torch.Tensor,
+                        mult: torch.Tensor | None = None) -> None:
     """Torch reference (also the CPU implementation). ``entries``/``kinds``/``values`` are the
     site's static host lists. Mutates ``h``."""
     T = h.shape[0]
     if T == 0:
         return
     slots = tok_slot[:T].long()
-    for e in entries:
+    for i, e in enumerate(entries):
         c = coef[slots, e].unsqueeze(1)  # [T, 1]
+        if mult is not None:
+            c = c * mult[:T, i : i + 1]
         v = vectors[e, : h.shape[1]].float()
         hf = h.float()
         if kinds[e] == PROJ:
@@ -88,12 +95,15 @@ def row_write_reference(h: torch.Tensor, other: torch.Tensor | None, tok_slot: t
         h.copy_(torch.where(c != 0, new, h))
 
 
-def row_write_triton(h, other, tok_slot, coef, entries_dev, kinds_dev, values_dev, vectors, block_d: int = 1024) -> None:
+def row_write_triton(h, other, tok_slot, coef, entries_dev, kinds_dev, values_dev, vectors, block_d: int = 1024,
+                     mult: torch.Tensor | None = None) -> None:
     T, D = h.shape
     if T == 0:
         return
     assert h.stride(1) == 1 and (other is None or other.stride(1) == 1)
     o = other if other is not None else h
+    m = mult if mult is not None else coef
     _row_write_kernel[(T,)](h, h.stride(0), o, o.stride(0), tok_slot, coef, coef.stride(0), entries_dev, kinds_dev,
-                            values_dev, vectors, vectors.stride(0), entries_dev.shape[0], D,
-                            HAS_OTHER=other is not None, BLOCK_D=min(block_d, triton.next_power_of_2(D)))
+                            values_dev, vectors, vectors.stride(0), m, m.stride(0), entries_dev.shape[0], D,
+                            HAS_OTHER=other is not None, HAS_MULT=mult is not None,
+                            BLOCK_D=min(block_d, triton.next_power_of_2(D)))
