@@ -67,6 +67,29 @@ def apps_for(cfg: dict):
     a.read("capture", positions="generated", name="gen").layers([1]).submodule("hook_mlp_out")
     a.read("capture", positions="last", name="last").layers([n - 1]).submodule("hook_resid_post")
     out.append(a)
+    # conditional writes (issue 4): SEAL-style token sets, CAST-style cosine conditions
+    vocab = cfg["vocab_size"]
+    trig = list(range(0, vocab, 5))  # every 5th token id: ~20% of random tokens trigger
+    v = rng.standard_normal(d).astype(np.float32)
+    c = rng.standard_normal(d).astype(np.float32)
+    a = MIApp("seal")
+    a.write("add", vector=v, scale=0.5).layers(range(n // 4, n // 2)).cond(tokens=trig)
+    out.append(a)
+    a = MIApp("seal_prev_gen")
+    a.write("add", vector=v, scale=0.5).layers(range(n // 4, n // 2)).cond(tokens_prev=trig, positions="generated")
+    out.append(a)
+    # CAST's shape: a condition at layer 7 decides steering at layers 15-23 (scaled to n). On dummy
+    # weights every prompt's mean similarity is ~0, a knife edge for bf16 graphs vs eager, so the
+    # threshold is -1 (always true): this checks the gating from the last prompt token on; the
+    # decision on both sides of a threshold is checked against HF on CPU (tests/test_conditions.py)
+    a = MIApp("cast")
+    a.read("cosine", weight=c, buffer="sim", scope="request").layers([7 * n // 32]).submodule("hook_resid_post")
+    a.write("add", vector=v, scale=0.5).layers(range(15 * n // 32, 24 * n // 32)).cond(buffer="sim", op=">", threshold=-1.0)
+    out.append(a)
+    a = MIApp("cast_tok")
+    a.read("cosine", weight=c, buffer="sim").layers([7 * n // 32]).submodule("hook_resid_post")
+    a.write("add", vector=v, scale=0.5).layers(range(15 * n // 32, 24 * n // 32)).cond(buffer="sim", op=">", threshold=0.0)
+    out.append(a)
     if n_exp:
         a = MIApp("router_read")
         a.read("capture", name="logits").layers([1, n - 1]).submodule("mlp.hook_router_logits")
@@ -98,7 +121,7 @@ def run(args) -> None:
     cfg = json.load(open(os.path.join(args.model, "config.json")))
     apps = apps_for(cfg)
     t0 = time.time()
-    llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+    llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True, dtype=args.dtype,
               max_model_len=1024, enforce_eager=args.eager, seed=0, additional_config=deploy(*apps),
               gpu_memory_utilization=args.gpu_mem, max_num_batched_tokens=512)
     vc = llm.llm_engine.vllm_config
@@ -176,6 +199,7 @@ if __name__ == "__main__":
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--gpu-mem", type=float, default=0.9)
+    ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--compare", nargs=2)
     a = ap.parse_args()
     compare(*a.compare) if a.compare else run(a)

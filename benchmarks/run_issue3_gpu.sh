@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU check + benchmark lines for issue 3 (hook surface, reads). Runs on the H200 with the kit
-# from ../shared/gpu (source /root/xmix-env.sh first). Usage: run_issue3_gpu.sh llama|llama_bench|mixtral|mixtral_bench
+# GPU check + benchmark lines for issues 3 and 4 (hook surface, reads, conditional writes). Runs on the H200 with the kit
+# from ../shared/gpu (source /root/xmix-env.sh first). Usage: run_issue3_gpu.sh llama|llama_bench|llama_cond_bench|mixtral|mixtral_bench
 # Logs and JSON in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
@@ -14,8 +14,8 @@ check() {  # $1 model dir, $2 tag: graphs vs eager for every hook, write and rea
   grep -E "TEACHER|DONE|Error" "$OUT/$2_eager.log" | tail -3
   python3 benchmarks/hooks_check.py --compare "$OUT/$2_graphs.json" "$OUT/$2_eager.json" | tee "$OUT/$2_compare.txt"
 }
-bench() {  # decode step time at batch 1/8/64: installed-inactive vs probe at one layer vs add at all layers
-  timeout 400 python3 benchmarks/spine_check.py --model "$1" --mode xmix --with-probe --on-scales 0.5 --repeats 2 \
+bench() {  # decode step time at batch 1/8/64: installed-inactive vs probe at one layer vs add at all layers (+ $3)
+  timeout 400 python3 benchmarks/spine_check.py --model "$1" --mode xmix --with-probe ${3:-} --on-scales 0.5 --repeats 2 \
       --check-prompts 4 --check-tokens 4 --skip-throughput --out "$OUT/$2_bench.json" > "$OUT/$2_bench.log" 2>&1; echo "$2 bench rc=$?"
   grep -E "RESULT|Error" "$OUT/$2_bench.log" | tail -2
 }
@@ -24,6 +24,7 @@ case "${1:-llama}" in
     python3 -m pytest -q tests/test_kernels.py 2>&1 | tail -3 | tee "$OUT/kernels.log"
     check benchmarks/models/llama31_8b llama ;;
   llama_bench) bench benchmarks/models/llama31_8b llama ;;
+  llama_cond_bench) bench benchmarks/models/llama31_8b llama_cond --with-cond ;;
   mixtral) check benchmarks/models/mixtral_8x7b mixtral ;;
   mixtral_bench) bench benchmarks/models/mixtral_8x7b mixtral ;;
 esac

@@ -38,6 +38,10 @@ def main() -> None:
     ap.add_argument("--on-scales", default="",
                     help="comma-separated per-request scales to benchmark (default: the deployed scale only)")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--with-cond", action="store_true",
+                    help="also deploy 'seal' (add at layers n/4..n/2-1 where the token id is a multiple of 5) "
+                         "and 'cast' (cosine at layer 7n/32 decides, per request, an add at layers 15n/32..24n/32-1) "
+                         "and benchmark them")
     ap.add_argument("--with-probe", action="store_true",
                     help="also deploy 'probe_one' (a linear probe at blocks.{n/2}.hook_resid_post) and "
                          "benchmark it as a configuration")
@@ -63,6 +67,17 @@ def main() -> None:
             probe = MIApp("probe_one")
             probe.read("linear_probe", weight=w, sigmoid=True).layers([n_layers // 2]).submodule("hook_resid_post")
             apps.append(probe)
+        if args.with_cond:
+            rng = np.random.default_rng(3)
+            c = rng.standard_normal(d_model).astype(np.float32)
+            seal = MIApp("seal")
+            seal.write("add", vector=v, scale=args.scale).layers(range(n_layers // 4, n_layers // 2)).cond(
+                tokens=list(range(0, vocab, 5)))
+            cast = MIApp("cast")
+            cast.read("cosine", weight=c, buffer="sim", scope="request").layers([7 * n_layers // 32])
+            cast.write("add", vector=v, scale=args.scale).layers(
+                range(15 * n_layers // 32, 24 * n_layers // 32)).cond(buffer="sim", op=">", threshold=-1.0)
+            apps += [seal, cast]
         kw["additional_config"] = deploy(*apps)
     t0 = time.time()
     llm = LLM(**kw)
@@ -119,6 +134,8 @@ def main() -> None:
             configs = [False] + [float(x) for x in args.on_scales.split(",")]
         if args.mode == "xmix" and args.with_probe:
             configs.append("probe_one")
+        if args.mode == "xmix" and args.with_cond:
+            configs += ["seal", "cast"]
         name = {c: (c if isinstance(c, str) else f"steer_on@{c:g}" if not isinstance(c, bool) else None)
                 for c in configs}
         name[False] = "inactive" if args.mode == "xmix" else "plain"

@@ -169,11 +169,14 @@ def test_mixed_batch_equals_solo(cond_llm, hf, thresholds):
 
 @pytest.fixture(scope="module")
 def chunk_engines(tiny_llama, thresholds):
-    """The same deployment with 16- and 64-token prefill chunks and unchunked (256 tokens a step)."""
+    """The same deployment with 16- and 64-token prefill chunks and unchunked (256 tokens a step),
+    eager; and 16-token chunks compiled."""
     out = {}
     for mbt in (16, 64, 256):
         out[mbt] = make_llm(tiny_llama, "eager", additional_config=deployment(*thresholds),
                             max_num_batched_tokens=mbt, max_num_seqs=8)
+    out["16-compiled"] = make_llm(tiny_llama, "compiled", additional_config=deployment(*thresholds),
+                                  max_num_batched_tokens=16, max_num_seqs=8)
     yield out
     for llm in out.values():
         close_llm(llm)
@@ -183,7 +186,7 @@ def test_chunk_sizes_give_identical_results(chunk_engines, hf, thresholds):
     prompts = [LONG, LONG[::-1], LONG[:40], [7, 8, 9]]
     for name in ("seal", "seal_prev", "cast", "cast_tok"):
         res = {mbt: gen(llm, prompts, [name]) for mbt, llm in chunk_engines.items()}
-        assert res[16] == res[64] == res[256], name
+        assert res[16] == res[64] == res[256] == res["16-compiled"], name
         assert res[16] == [ref(hf, name, p, thresholds) for p in prompts], name
 
 
