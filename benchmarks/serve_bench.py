@@ -1,0 +1,333 @@
+"""Serving benchmark (issue 5): vanilla vLLM vs vllm-xmix installed-inactive vs each app, with
+vLLM's own `vllm bench serve`, A/B interleaved, ratios to vanilla with bootstrap 95% CIs, a plot.
+
+What it does, for a model config from benchmarks/models (dummy weights, no download):
+1. Builds a serving directory: the config plus a locally built tokenizer with the model's exact
+   vocabulary (a word-level tokenizer over "t0".."t{V-1}": `vllm bench serve` decodes and the
+   server re-encodes prompts, and this round trip is exact), and a ShareGPT-format dataset
+   (`sharegpt.json`) of `--num-prompts` conversations whose prompt lengths follow a ShareGPT-like
+   distribution: LogNormal(mu=5.0, sigma=0.9) tokens clipped to [4, 1024] (median ~150, mean
+   ~220, long right tail; vLLM's ShareGPT loader drops prompts over 1024 tokens: an approximation of ShareGPT v3 prompt lengths under a Llama-3
+   tokenizer; no download). Outputs are fixed to `--output-len` (128) with ignore_eos.
+2. Starts two servers on the same GPU at once (each `--gpu-memory-utilization` 0.42 by
+   default): vanilla (`VLLM_PLUGINS=""`, no `--additional-config`) and xmix (all apps deployed
+   with `--additional-config`). Default vLLM settings otherwise: torch.compile,
+   FULL_AND_PIECEWISE CUDA graphs, prefix caching and chunked prefill on.
+3. For each request rate, `--repeats` rounds; in each round every configuration once, in order
+   (vanilla, inactive, app1, app2, ..., i.e. A B A B across rounds so drift cancels), after one
+   discarded warm-up round. A configuration is a server plus the per-request `--extra-body`
+   (`{"vllm_xargs": {"xmix": [...]}}`).
+4. Writes `results.json` (every run), `summary.md` (per model and rate: metric medians and the
+   ratio to vanilla with a bootstrap 95% CI over rounds) and `overhead.png`.
+
+usage (H200, kit sourced; `vllm` CLI available there):
+  python3 benchmarks/serve_bench.py --model benchmarks/models/llama31_8b --out $OUT/serve \
+      --rates 8,32,inf --repeats 3
+Configurations: see CONFIGS; --configs selects a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+
+VLLM = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vllm_cli.py")]
+METRICS = (("mean_itl_ms", "mean ITL", -1), ("p99_itl_ms", "P99 ITL", -1), ("mean_ttft_ms", "TTFT", -1),
+           ("total_token_throughput", "throughput", +1))
+
+
+def apps_for(cfg: dict, k_configs: int = 256):
+    """The deployed apps (one deployment for every xmix configuration)."""
+    from vllm_xmix import MIApp
+
+    d, n, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    rng = np.random.default_rng(0)
+    unit = lambda: (lambda v: v / np.sqrt((v ** 2).mean()))(rng.standard_normal(d).astype(np.float32))  # noqa: E731
+    v, r, c, w = unit(), unit(), unit(), unit() / np.sqrt(d)
+    apps = []
+    a = MIApp("steer_one")
+    a.write("add", vector=v, scale=0.5).layers([n // 2]).submodule("hook_resid_post")
+    apps.append(a)
+    a = MIApp("steer_all")
+    a.write("add", vector=v, scale=0.5).layers("all").submodule("hook_resid_post")
+    apps.append(a)
+    a = MIApp("ablate_all")  # directional ablation (Arditi et al.) at every layer
+    a.write("ablate", vector=r).layers("all").submodule("hook_resid_pre")
+    apps.append(a)
+    a = MIApp("probe_one")
+    a.read("linear_probe", weight=w, sigmoid=True).layers([n // 2]).submodule("hook_resid_post")
+    apps.append(a)
+    a = MIApp("seal")
+    a.write("add", vector=v, scale=0.5).layers(range(n // 4, n // 2)).cond(tokens=list(range(0, vocab, 5)))
+    apps.append(a)
+    a = MIApp("cast")
+    a.read("cosine", weight=c, buffer="sim", scope="request").layers([7 * n // 32])
+    a.write("add", vector=v, scale=0.5).layers(range(15 * n // 32, 24 * n // 32)).cond(buffer="sim", op=">", threshold=-1.0)
+    apps.append(a)
+    if cfg.get("num_local_experts"):
+        bias = [0.0] * cfg["num_local_experts"]
+        bias[0] = -math.inf
+        a = MIApp("router_mask")
+        a.write("router_bias", vector=bias).layers("all").submodule("mlp.hook_router_logits")
+        apps.append(a)
+    return apps
+
+
+def configs_for(apps) -> dict[str, tuple[str, object]]:
+    """name -> (server, vllm_xargs["xmix"] or None)."""
+    names = [a.name for a in apps]
+    out = {"vanilla": ("vanilla", None), "inactive": ("xmix", None)}
+    for n in names:
+        out[n] = ("xmix", [n])
+    # not yet: K distinct steering configs in flight (1, 16, 256); `vllm bench serve` sends one
+    # extra body for every request, so K > 1 needs K client processes (Poisson streams of rate r/K
+    # superpose to rate r) or a dataset that carries the selection per request
+    out["all_apps"] = ("xmix", [n for n in names if n != "router_mask"])
+    return out
+
+
+# ------------------------------------------------------------------------------ set-up
+
+
+def build_serving_dir(model_dir: str, out_dir: str) -> str:
+    """Config + a word-level tokenizer with exactly the model's vocabulary size."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    os.makedirs(out_dir, exist_ok=True)
+    shutil.copy(os.path.join(model_dir, "config.json"), out_dir)
+    V = cfg["vocab_size"]
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(V)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # no special tokens: every id decodes to visible text, so streamed chunks (and ITL) never
+    # vanish when dummy weights make the model emit the BOS/EOS ids (ignore_eos is on)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0")
+    fast.save_pretrained(out_dir)
+    return out_dir
+
+
+def build_dataset(path: str, n: int, vocab: int, seed: int = 0, output_len: int = 128, max_len: int = 1024) -> list[int]:
+    """ShareGPT-format conversations; prompt lengths LogNormal(5.0, 0.9) clipped to [4, 1024]."""
+    rng = np.random.default_rng(seed)
+    lens = np.clip(np.round(rng.lognormal(5.0, 0.9, n)), 4, max_len).astype(int)  # vLLM's ShareGPT loader drops > 1024
+    convs = []
+    for i, L in enumerate(lens):
+        ids = rng.integers(10, vocab - 10, int(L))
+        out_ids = rng.integers(10, vocab - 10, output_len)
+        convs.append({"id": f"synth-{i}", "conversations": [
+            {"from": "human", "value": " ".join(f"t{x}" for x in ids)},
+            {"from": "gpt", "value": " ".join(f"t{x}" for x in out_ids)}]})
+    json.dump(convs, open(path, "w"))
+    return lens.tolist()
+
+
+class Server:
+    def __init__(self, name: str, serving_dir: str, port: int, log: str, extra_args: list[str], env: dict):
+        self.name, self.port, self.log = name, port, log
+        cmd = VLLM + ["serve", serving_dir, "--port", str(port), "--host", "127.0.0.1", "--load-format", "dummy"] \
+            + extra_args
+        self.proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def wait(self, timeout: float = 900) -> None:
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} server exited; see {self.log}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                return
+            except Exception:
+                time.sleep(2)
+        raise RuntimeError(f"{self.name} server did not start in {timeout}s; see {self.log}")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(60)
+        except Exception:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except Exception:
+                pass
+
+
+def bench(server: Server, serving_dir: str, dataset: str, rate: str, n: int, output_len: int, xmix, result: str,
+          seed: int) -> dict:
+    cmd = VLLM + ["bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{server.port}",
+           "--model", serving_dir, "--tokenizer", serving_dir, "--dataset-name", "sharegpt",
+           "--dataset-path", dataset, "--num-prompts", str(n), "--sharegpt-output-len", str(output_len),
+           "--ignore-eos", "--request-rate", rate, "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl",
+           "--metric-percentiles", "50,99", "--save-result", "--result-dir", os.path.dirname(result),
+           "--result-filename", os.path.basename(result)]
+    if xmix is not None:
+        cmd += ["--extra-body", json.dumps({"vllm_xargs": {"xmix": xmix}})]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    res = json.load(open(result))
+    if res.get("completed", n) != n:
+        raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
+    return res
+
+
+# ------------------------------------------------------------------------------ analysis
+
+
+def ratio_ci(a: list[float], b: list[float], n_boot: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """Median over rounds of a_i / b_i (paired by round) and a bootstrap 95% CI of that median."""
+    r = np.asarray(a, float) / np.asarray(b, float)
+    rng = np.random.default_rng(seed)
+    boots = np.median(rng.choice(r, size=(n_boot, len(r)), replace=True), axis=1)
+    return float(np.median(r)), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
+
+
+def summarize(runs: list[dict], out_dir: str, title: str) -> str:
+    lines = [f"# {title}", ""]
+    by = {}
+    for r in runs:
+        by.setdefault((r["rate"], r["config"]), []).append(r)
+    rates = sorted({r["rate"] for r in runs}, key=lambda x: float("inf") if x == "inf" else float(x))
+    configs = list(dict.fromkeys(r["config"] for r in runs))
+    plot = {}
+    for rate in rates:
+        lines += [f"## request rate {rate}", "",
+                  "| config | " + " | ".join(f"{m[1]} (median)" for m in METRICS) + " | "
+                  + " | ".join(f"{m[1]} ratio [95% CI]" for m in METRICS) + " |",
+                  "|---" * (1 + 2 * len(METRICS)) + "|"]
+        base = sorted(by.get((rate, "vanilla"), []), key=lambda r: r["round"])
+        for c in configs:
+            cur = sorted(by.get((rate, c), []), key=lambda r: r["round"])
+            if not cur:
+                continue
+            meds = [f"{np.median([r['result'][m[0]] for r in cur]):.2f}" for m in METRICS]
+            ratios = []
+            for key, label, _ in METRICS:
+                if c == "vanilla" or len(base) != len(cur):
+                    ratios.append("-")
+                    continue
+                med, lo, hi = ratio_ci([r["result"][key] for r in cur], [r["result"][key] for r in base])
+                ratios.append(f"{(med - 1) * 100:+.2f}% [{(lo - 1) * 100:+.2f}, {(hi - 1) * 100:+.2f}]")
+                plot.setdefault(rate, {}).setdefault(c, {})[label] = (med, lo, hi)
+            lines.append(f"| {c} | " + " | ".join(meds) + " | " + " | ".join(ratios) + " |")
+        lines.append("")
+    text = "\n".join(lines)
+    open(os.path.join(out_dir, "summary.md"), "w").write(text)
+    try:
+        _plot(plot, os.path.join(out_dir, "overhead.png"), title)
+    except Exception as e:  # the numbers matter more than the picture
+        print("plot failed:", e, file=sys.stderr)
+    return text
+
+
+def _plot(plot: dict, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = list(plot)
+    fig, axes = plt.subplots(1, len(rates), figsize=(6 * len(rates), 4.5), squeeze=False)
+    for ax, rate in zip(axes[0], rates):
+        configs = list(plot[rate])
+        labels = [m[1] for m in METRICS]
+        width = 0.8 / len(labels)
+        for j, lab in enumerate(labels):
+            vals = [(plot[rate][c][lab][0] - 1) * 100 for c in configs]
+            err = [[(plot[rate][c][lab][0] - plot[rate][c][lab][1]) * 100 for c in configs],
+                   [(plot[rate][c][lab][2] - plot[rate][c][lab][0]) * 100 for c in configs]]
+            ax.bar(np.arange(len(configs)) + j * width, vals, width, yerr=err, label=lab, capsize=2)
+        ax.axhline(0, color="k", lw=0.8)
+        for y in (-1, 1):
+            ax.axhline(y, color="r", lw=0.6, ls="--")
+        ax.set_xticks(np.arange(len(configs)) + 0.4 - width / 2)
+        ax.set_xticklabels(configs, rotation=30, ha="right")
+        ax.set_ylabel("change vs vanilla vLLM (%)")
+        ax.set_title(f"request rate {rate}")
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="model config dir (benchmarks/models/...)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rates", default="8,32,inf")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--num-prompts", type=int, default=250)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--configs", default="", help="comma-separated subset (vanilla is always run)")
+    ap.add_argument("--gpu-mem", type=float, default=0.42)
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-prompt-len", type=int, default=1024)
+    ap.add_argument("--server-args", default="", help="extra arguments for both servers (e.g. --enforce-eager)")
+    ap.add_argument("--summarize", action="store_true", help="only rebuild summary.md / overhead.png from --out")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    res_path = os.path.join(args.out, "results.json")
+    if args.summarize:
+        runs = json.load(open(res_path))
+        print(summarize(runs, args.out, runs[0].get("title", "")))
+        return 0
+
+    from vllm_xmix import deploy
+
+    cfg = json.load(open(os.path.join(args.model, "config.json")))
+    serving = build_serving_dir(args.model, os.path.join(args.out, "model"))
+    dataset = os.path.join(args.out, "sharegpt.json")
+    build_dataset(dataset, args.num_prompts, cfg["vocab_size"], output_len=args.output_len, max_len=args.max_prompt_len)
+    apps = apps_for(cfg)
+    configs = configs_for(apps)
+    if args.configs:
+        keep = {"vanilla", *args.configs.split(",")}
+        configs = {k: v for k, v in configs.items() if k in keep}
+    common = ["--gpu-memory-utilization", str(args.gpu_mem), "--max-model-len", str(args.max_model_len),
+              "--dtype", args.dtype] + args.server_args.split()
+    env_v = dict(os.environ, VLLM_PLUGINS="")
+    servers = {"vanilla": Server("vanilla", serving, 8101, os.path.join(args.out, "vanilla.log"), common, env_v)}
+    servers["vanilla"].wait()  # one at a time: both start-ups measure their own memory
+    servers["xmix"] = Server("xmix", serving, 8102, os.path.join(args.out, "xmix.log"),
+                             common + ["--additional-config", json.dumps(deploy(*apps))], dict(os.environ))
+    servers["xmix"].wait()
+    title = f"{os.path.basename(args.model.rstrip('/'))}, {args.num_prompts} prompts, {args.output_len} output tokens"
+    runs: list[dict] = []
+    try:
+        for rate in args.rates.split(","):
+            for rnd in range(args.repeats + 1):  # round 0: warm-up, discarded
+                for name, (srv, xmix) in configs.items():
+                    f = os.path.join(args.out, "runs", f"{name}_r{rate}_{rnd}.json")
+                    os.makedirs(os.path.dirname(f), exist_ok=True)
+                    res = bench(servers[srv], serving, dataset, rate, args.num_prompts, args.output_len, xmix, f,
+                                seed=rnd)
+                    print(f"rate {rate} round {rnd} {name}: itl {res['mean_itl_ms']:.3f} ms  "
+                          f"tput {res['total_token_throughput']:.0f} tok/s", flush=True)
+                    if rnd > 0:
+                        runs.append({"rate": rate, "round": rnd, "config": name, "title": title,
+                                     "result": {k: res[k] for k in (m[0] for m in METRICS)}})
+                json.dump(runs, open(res_path, "w"))
+    finally:
+        for s in servers.values():
+            s.stop()
+    print(summarize(runs, args.out, title))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
