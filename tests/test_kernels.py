@@ -410,3 +410,116 @@ def test_request_mean_triton_cuda():
 
 def test_request_mean_triton_interpreter():
     run_interpreted("_mean_triton_check")
+
+
+# ------------------------------------------------------------------ conditions (cond_gate.py, request_mean store)
+
+
+def make_cond_state(device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T, S, V, D = 12, 4, 50, 40
+    tok_slot = torch.tensor([1, 1, 1, 0, 2, 2, 3, 3, 3, 0, 1, 2, 0, 0], dtype=torch.int32)
+    tok_pos = torch.tensor([4, 5, 6, 0, 0, 1, 9, 10, 11, 0, 7, 2, 0, 0], dtype=torch.int32)
+    slot_plen = torch.tensor([0, 6, 2, 12], dtype=torch.int32)
+    tok_cur = torch.randint(0, V, (T + 2,), generator=g)
+    tok_prev = torch.randint(-1, V, (T + 2,), generator=g)
+    bitmaps = (torch.rand(2, V, generator=g) > 0.5).to(torch.int8)
+    out = torch.randn(T + 2, 3, generator=g)
+    req_mean = torch.randn(S, 2, generator=g)
+    # entries: (ckind, cidx, op, gen, thr)
+    cond_host = [(0, 0, 0, 0, 0.0), (1, 0, 0, 0, 0.0), (2, 1, 0, 1, 0.0), (3, 2, 1, 0, 0.1), (4, 1, 2, 0, 0.3),
+                 (1, 1, 0, 1, 0.0), (3, 0, 3, 1, -0.2)]
+    E = len(cond_host)
+    coef = torch.randn(S, E, generator=g)
+    coef[0] = 0
+    entries = [6, 0, 1, 2, 3, 4, 5]
+    kinds = [0, 1, 0, 1, 0, 0, 1]
+    values = torch.randn(E, generator=g).tolist()
+    vec = torch.nn.functional.normalize(torch.randn(E, D, generator=g), dim=1)
+    h = torch.randn(T, D, generator=g)
+    other = torch.randn(T, D, generator=g)
+    mv = lambda x: x.to(device)  # noqa: E731
+    st = dict(tok_slot=mv(tok_slot), tok_pos=mv(tok_pos), slot_plen=mv(slot_plen), tok_cur=mv(tok_cur),
+              tok_prev=mv(tok_prev), bitmaps=mv(bitmaps), out=mv(out), req_mean=mv(req_mean))
+    return T, st, cond_host, mv(coef), entries, kinds, values, mv(vec), mv(h), mv(other)
+
+
+def test_gate_reference_matches_definition():
+    from vllm_xmix.kernels.cond_gate import gate_reference
+
+    T, st, cond_host, coef, entries, kinds, values, vec, h, other = make_cond_state("cpu")
+    got = gate_reference(T, entries, cond_host, st["tok_slot"], st["tok_pos"], st["slot_plen"], st["tok_cur"],
+                         st["tok_prev"], st["bitmaps"], st["out"], st["req_mean"])
+    ops = [lambda a, b: a > b, lambda a, b: a >= b, lambda a, b: a < b, lambda a, b: a <= b]
+    for t in range(T):
+        s, pos = int(st["tok_slot"][t]), int(st["tok_pos"][t])
+        P = int(st["slot_plen"][s])
+        for i, e in enumerate(entries):
+            ck, idx, op, gen, thr = cond_host[e]
+            want = True
+            if ck == 1:
+                want = bool(st["bitmaps"][idx, int(st["tok_cur"][t])])
+            elif ck == 2:
+                p = int(st["tok_prev"][t])
+                want = p >= 0 and bool(st["bitmaps"][idx, p])
+            elif ck == 3:
+                want = ops[op](float(st["out"][t, idx]), thr)
+            elif ck == 4:
+                want = ops[op](float(st["req_mean"][s, idx]), thr) and pos >= P - 1
+            if ck and gen:
+                want = want and pos >= P
+            assert float(got[t, i]) == float(want), (t, e)
+
+
+def _cond_triton_check(device: str) -> None:
+    """The row kernel with conditions evaluated inline == reference gate + row_write_reference;
+    note_tokens and the request-value store: Triton == torch."""
+    from vllm_xmix.kernels import request_mean as rm
+    from vllm_xmix.kernels.cond_gate import gate_reference, note_tokens_reference, note_tokens_triton
+    from vllm_xmix.kernels.row_write import row_write_reference, row_write_triton
+
+    T, st, cond_host, coef, entries, kinds, values, vec, h, other = make_cond_state(device, seed=4)
+    mult = gate_reference(T, entries, cond_host, st["tok_slot"], st["tok_pos"], st["slot_plen"], st["tok_cur"],
+                          st["tok_prev"], st["bitmaps"], st["out"], st["req_mean"])
+    want = h.clone()
+    row_write_reference(want, other, st["tok_slot"], coef, entries, kinds, values, vec, mult=mult)
+    got = h.clone()
+    dev = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
+    cond = dict(st, cond_i=dev([list(c[:4]) for c in cond_host], torch.int32),
+                cond_thr=dev([c[4] for c in cond_host], torch.float32))
+    row_write_triton(got, other, st["tok_slot"], coef, dev(entries, torch.int32), dev(kinds, torch.int32),
+                     dev(values, torch.float32), vec, block_d=32, cond=cond)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(mult, torch.ones_like(mult)) and mult.any()  # the case gates some, not all
+
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, 50, (T,), generator=g).to(device)
+    hist0 = torch.randint(0, 50, (4, 16), generator=g, dtype=torch.int32).to(device)
+    res = []
+    for impl in (note_tokens_reference, note_tokens_triton):
+        hist, cur, prev = hist0.clone(), torch.zeros(T + 2, dtype=torch.int64, device=device), \
+            torch.full((T + 2,), -5, dtype=torch.int64, device=device)
+        impl(ids, st["tok_slot"], st["tok_pos"], hist, cur, prev)
+        res.append((hist, cur, prev))
+    on = st["tok_slot"][:T] != 0
+    assert torch.equal(res[0][0][1:], res[1][0][1:])  # row 0 is the reference's trash row
+    assert torch.equal(res[0][1][:T][on], res[1][1][:T][on]) and torch.equal(res[0][2][:T][on], res[1][2][:T][on])
+    # token 1 follows token 0 of the same request: its previous token comes from this step
+    assert int(res[1][2][1]) == int(ids[0]) and int(res[1][2][4]) == -1  # pos 0 has none
+
+    vals0 = torch.randn(4, 16, generator=g).to(device)
+    res = []
+    for impl in (rm.store_values_reference, rm.store_values_triton):
+        vals = vals0.clone()
+        impl(vals, st["out"], 2, st["tok_slot"], st["tok_pos"], st["slot_plen"], coef, 3, T)
+        res.append(vals)
+    assert torch.equal(res[0][1:], res[1][1:]) and not torch.equal(res[1], vals0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cond_triton_cuda():
+    _cond_triton_check("cuda")
+
+
+def test_cond_triton_interpreter():
+    run_interpreted("_cond_triton_check")

@@ -49,11 +49,11 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
     elif not st.site_has_proj[site] and not st.site_has_cond[site]:  # the (token, slice)-parallel kernel
         steer_add(h, st.tok_slot, st.coef, st.site_entries[site], st.vectors)
     else:  # one program per token; conditional entries get a per-token gate
-        mult = st.gate(site, h.shape[0]) if st.site_has_cond[site] else None
-        if triton_ok:
+        if triton_ok:  # the gate is evaluated inside the kernel
             row_write_triton(h, other, st.tok_slot, st.coef, st.site_entries[site], st.kinds, st.values, st.vectors,
-                             mult=mult)
+                             cond=st.cond_args if st.site_has_cond[site] else None)
         else:
+            mult = st.gate(site, h.shape[0]) if st.site_has_cond[site] else None
             row_write_reference(h, other, st.tok_slot, st.coef, st.site_entries_host[site], st.kinds_host,
                                 st.values_host, st.vectors, mult=mult)
     if st.site_reads[site] is None:

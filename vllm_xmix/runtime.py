@@ -268,12 +268,12 @@ class XmixState:
         if sets:
             if vocab_size <= 0:
                 raise XmixSpecError("additional_config.xmix: token conditions need the model's vocabulary size")
-            bm = torch.zeros(len(sets), vocab_size, dtype=torch.bool)
+            bm = torch.zeros(len(sets), vocab_size, dtype=torch.int8)
             for i, ids in enumerate(sets):
                 bad = [x for x in ids if x >= vocab_size]
                 if bad:
                     raise XmixSpecError(f"additional_config.xmix: cond token id {bad[0]} >= vocab size {vocab_size}")
-                bm[i, ids] = True
+                bm[i, ids] = 1
             self.bitmaps = bm.to(dev)
             self.hist = torch.zeros(self.max_slots, L, dtype=torch.int32, device=dev)
             self.tok_cur = torch.zeros(self.max_tokens, dtype=torch.int64, device=dev)
@@ -286,69 +286,56 @@ class XmixState:
         cond_set = set(self.cond_entries)
         for key, sid in self.sites.items():
             self.site_has_cond[sid] = any(e in cond_set for e in self.site_entries_host[sid])
+        # per-entry condition parameters, host lists (reference) and device tensors (kernel)
+        self.cond_host = [(e.ckind, e.cidx, e.cop, int(e.cgen), e.cthr) for e in self.entries]
+        zero_i = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.cond_args = dict(
+            cond_i=torch.tensor([[c[0], c[1], c[2], c[3]] for c in self.cond_host] or [[0, 0, 0, 0]],
+                                dtype=torch.int32, device=dev),
+            cond_thr=torch.tensor([c[4] for c in self.cond_host] or [0.0], dtype=torch.float32, device=dev),
+            tok_pos=self.tok_pos, slot_plen=self.slot_plen,
+            tok_cur=getattr(self, "tok_cur", zero_i), tok_prev=getattr(self, "tok_prev", zero_i),
+            bitmaps=getattr(self, "bitmaps", torch.zeros(1, 1, dtype=torch.int8, device=dev)), out=self.out,
+            req_mean=getattr(self, "req_mean", torch.zeros(1, 1, dtype=torch.float32, device=dev)),
+        )
 
     def gate(self, site: int, T: int) -> torch.Tensor:
         """``[T, n_site_write_entries]`` float32: 1 where an entry's condition holds for the token
-        (unconditional entries: 1). Torch ops with static shapes (graph-safe, no host sync)."""
-        slot = self.tok_slot[:T].long()
-        pos = self.tok_pos[:T].long()
-        plen = self.slot_plen[slot].long()
-        cols = []
-        for e_idx in self.site_entries_host[site]:
-            e = self.entries[e_idx]
-            if e.ckind == CK_NONE:
-                cols.append(torch.ones(T, dtype=torch.bool, device=self.device))
-                continue
-            if e.ckind == CK_TOKENS:
-                g = self.bitmaps[e.cidx][self.tok_cur[:T]]
-            elif e.ckind == CK_TOKENS_PREV:
-                prev = self.tok_prev[:T]
-                g = self.bitmaps[e.cidx][prev.clamp(min=0)] & (prev >= 0)
-            elif e.ckind == CK_BUF_TOKEN:
-                g = _compare(self.out[:T, e.cidx], e.cop, e.cthr)
-            else:  # request scope: decided at the last prompt token, applies from there on
-                g = _compare(self.req_mean[slot, e.cidx], e.cop, e.cthr) & (pos >= plen - 1)
-            if e.cgen:
-                g = g & (pos >= plen)
-            cols.append(g)
-        return torch.stack(cols, dim=1).float()
+        (unconditional entries: 1): :func:`.kernels.cond_gate.gate_reference` (the CPU path; on
+        CUDA the row kernel evaluates the same gate inline)."""
+        from .kernels.cond_gate import gate_reference
+
+        a = self.cond_args
+        return gate_reference(T, self.site_entries_host[site], self.cond_host, self.tok_slot, self.tok_pos,
+                              self.slot_plen, a["tok_cur"], a["tok_prev"], a["bitmaps"], self.out, a["req_mean"])
 
     def store_request_values(self, site: int, T: int) -> None:
         """After the reads of ``site``: keep request-scope condition values by (slot, position)
         for prompt positions, then the mean over the prompt for requests whose last prompt token
         is in this step (``kernels/request_mean.py``)."""
-        from .kernels.request_mean import request_mean_reference, request_mean_triton
+        from .kernels import request_mean as rm
+        from .kernels.steer_add import HAS_TRITON
 
-        slot = self.tok_slot[:T].long()
-        pos = self.tok_pos[:T].long()
-        plen = self.slot_plen[slot].long()
+        cuda = self.device.type == "cuda" and HAS_TRITON
+        store = rm.store_values_triton if cuda else rm.store_values_reference
+        mean = rm.request_mean_triton if cuda else rm.request_mean_reference
         for e_idx in self.site_reads_host[site]:
             e = self.entries[e_idx]
             if e.req_k < 0:
                 continue
-            on = (self.coef[slot, e_idx] != 0) & (pos < plen)
-            rows = torch.where(on, slot, torch.zeros_like(slot))  # row 0: the null slot, a trash row
-            self.cbuf_req[e.req_k].index_put_((rows, torch.where(on, pos, torch.zeros_like(pos))),
-                                              self.out[:T, e.col])
-            if self.device.type == "cuda":
-                request_mean_triton(self.cbuf_req[e.req_k], self.tok_slot, self.tok_pos, self.slot_plen,
-                                    self.req_mean, e.req_k, T)
-            else:
-                request_mean_reference(self.cbuf_req[e.req_k], self.tok_slot, self.tok_pos, self.slot_plen,
-                                       self.req_mean, e.req_k, T)
+            vals = self.cbuf_req[e.req_k]
+            store(vals, self.out, e.col, self.tok_slot, self.tok_pos, self.slot_plen, self.coef, e_idx, T)
+            mean(vals, self.tok_slot, self.tok_pos, self.slot_plen, self.req_mean, e.req_k, T)
 
     def note_tokens(self, input_ids: torch.Tensor) -> None:
         """At the embedding: this step's token ids, and each token's previous token (from the same
         step, or the slot's history for a chunk's first token). Torch ops, static shapes."""
+        from .kernels.cond_gate import note_tokens_reference, note_tokens_triton
+        from .kernels.steer_add import HAS_TRITON
+
         self.token_hook_calls += 1
-        T = input_ids.shape[0]
-        slot = self.tok_slot[:T].long()
-        pos = self.tok_pos[:T].long()
-        ids = input_ids.long()
-        self.hist.index_put_((slot, pos), ids.to(torch.int32))  # slot 0 (padding, app-free): trash row
-        prev = self.hist[slot, (pos - 1).clamp(min=0)].long()
-        self.tok_cur[:T].copy_(ids)
-        self.tok_prev[:T].copy_(torch.where(pos > 0, prev, torch.full_like(prev, -1)))
+        impl = note_tokens_triton if input_ids.is_cuda and HAS_TRITON else note_tokens_reference
+        impl(input_ids, self.tok_slot, self.tok_pos, self.hist, self.tok_cur, self.tok_prev)
 
     def site_id(self, layer: int, hook: str) -> int | None:
         return self.sites.get((layer, hook))
@@ -594,10 +581,6 @@ class XmixState:
                 "VLLM_CACHE_ROOT/torch_compile_cache or set VLLM_DISABLE_COMPILE_CACHE=1."
             )
         self.verified = True
-
-
-def _compare(v: torch.Tensor, op: int, thr: float) -> torch.Tensor:
-    return (v > thr) if op == 0 else (v >= thr) if op == 1 else (v < thr) if op == 2 else (v <= thr)
 
 
 # -------------------------------------------------------------------- lookup helpers

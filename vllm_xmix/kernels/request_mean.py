@@ -11,6 +11,9 @@ Semantics, for every token ``t`` of the step::
 mean is the same whatever the chunk sizes: the sum runs over positions in a fixed order
 (blocks of ``BLOCK`` positions, tree-reduced inside a block), never in arrival order.
 
+Before it, ``store_values`` keeps this step's values: for every token with a non-null slot whose
+request has the read on and ``pos < P``: ``vals[s, pos] = out[t, col]``.
+
 Shapes / dtypes: ``vals`` float32 ``[S, L]`` (``L`` = max_model_len); ``tok_slot``, ``tok_pos``
 int32 ``[>= T]``; ``slot_plen`` int32 ``[S]``; ``req_mean`` float32 ``[S, K]``, column ``k``
 written. Graph-safe: no host sync, one program per token (returns at once for all but the last
@@ -39,6 +42,34 @@ if HAS_TRITON:
             for p0 in range(0, P, BLOCK):
                 acc += tl.load(vals_ptr + s * stride_v + p0 + offs, mask=p0 + offs < P, other=0.0)
             tl.store(mean_ptr + s * stride_m + k, tl.sum(acc, axis=0) / P)
+
+
+    @triton.jit
+    def _store_kernel(vals_ptr, stride_v, out_ptr, stride_out, col, tok_slot_ptr, tok_pos_ptr, plen_ptr, coef_ptr,
+                      stride_coef, e):
+        t = tl.program_id(0)
+        s = tl.load(tok_slot_ptr + t).to(tl.int64)
+        if s != 0:
+            pos = tl.load(tok_pos_ptr + t)
+            if (pos < tl.load(plen_ptr + s)) & (tl.load(coef_ptr + s * stride_coef + e) != 0.0):
+                tl.store(vals_ptr + s * stride_v + pos, tl.load(out_ptr + t.to(tl.int64) * stride_out + col))
+
+
+def store_values_reference(vals, out, col: int, tok_slot, tok_pos, slot_plen, coef, e: int, T: int) -> None:
+    """Torch version (static shapes; tokens that do not store write into row 0, the null slot)."""
+    slot = tok_slot[:T].long()
+    pos = tok_pos[:T].long()
+    on = (slot != 0) & (coef[slot, e] != 0) & (pos < slot_plen[slot].long())
+    zero = torch.zeros_like(slot)
+    vals.index_put_((torch.where(on, slot, zero), torch.where(on, pos, zero)),
+                    torch.where(on, out[:T, col], vals[0, 0]))
+
+
+def store_values_triton(vals, out, col: int, tok_slot, tok_pos, slot_plen, coef, e: int, T: int) -> None:
+    if T == 0:
+        return
+    _store_kernel[(T,)](vals, vals.stride(0), out, out.stride(0), col, tok_slot, tok_pos, slot_plen, coef,
+                        coef.stride(0), e)
 
 
 def request_mean_reference(vals: torch.Tensor, tok_slot: torch.Tensor, tok_pos: torch.Tensor,

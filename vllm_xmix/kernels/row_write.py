@@ -35,10 +35,15 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from .cond_gate import cond_gate
+
     @triton.jit(do_not_specialize=["n_entries"])
     def _row_write_kernel(h_ptr, stride_h, o_ptr, stride_o, tok_slot_ptr, coef_ptr, stride_coef, entries_ptr,
                           kinds_ptr, values_ptr, vec_ptr, stride_vec, mult_ptr, stride_mult, n_entries, D,
-                          HAS_OTHER: tl.constexpr, HAS_MULT: tl.constexpr, BLOCK_D: tl.constexpr):
+                          cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr, tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V,
+                          out_ptr, stride_out, mean_ptr, stride_mean,
+                          HAS_OTHER: tl.constexpr, HAS_MULT: tl.constexpr, HAS_COND: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         slot = tl.load(tok_slot_ptr + t).to(tl.int64)
         ar = tl.arange(0, BLOCK_D)
@@ -47,6 +52,10 @@ if HAS_TRITON:
             c = tl.load(coef_ptr + slot * stride_coef + e)
             if HAS_MULT:
                 c = c * tl.load(mult_ptr + t * stride_mult + i)
+            if HAS_COND:
+                if c != 0.0:  # conditions (kernels/cond_gate.py), only for tokens with the entry on
+                    c = c * cond_gate(t, slot, e, cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr, tok_cur_ptr,
+                                      tok_prev_ptr, bitmap_ptr, V, out_ptr, stride_out, mean_ptr, stride_mean)
             if c != 0.0:
                 kind = tl.load(kinds_ptr + e)
                 coeff = c
@@ -96,14 +105,24 @@ def row_write_reference(h: torch.Tensor, other: torch.Tensor | None, tok_slot: t
 
 
 def row_write_triton(h, other, tok_slot, coef, entries_dev, kinds_dev, values_dev, vectors, block_d: int = 1024,
-                     mult: torch.Tensor | None = None) -> None:
+                     mult: torch.Tensor | None = None, cond: dict | None = None) -> None:
+    """``mult``: an explicit ``[T, E]`` gate; ``cond``: evaluate the conditions in the kernel
+    (dict of the tensors of :mod:`.cond_gate`: cond_i, cond_thr, tok_pos, slot_plen, tok_cur,
+    tok_prev, bitmaps, out, req_mean)."""
     T, D = h.shape
     if T == 0:
         return
     assert h.stride(1) == 1 and (other is None or other.stride(1) == 1)
     o = other if other is not None else h
     m = mult if mult is not None else coef
+    c = cond or {}
+    ci, cthr = c.get("cond_i", kinds_dev), c.get("cond_thr", values_dev)
+    pos, plen = c.get("tok_pos", tok_slot), c.get("slot_plen", tok_slot)
+    cur, prev = c.get("tok_cur", tok_slot), c.get("tok_prev", tok_slot)
+    bm, out, mean = c.get("bitmaps", kinds_dev), c.get("out", coef), c.get("req_mean", coef)
     _row_write_kernel[(T,)](h, h.stride(0), o, o.stride(0), tok_slot, coef, coef.stride(0), entries_dev, kinds_dev,
                             values_dev, vectors, vectors.stride(0), m, m.stride(0), entries_dev.shape[0], D,
-                            HAS_OTHER=other is not None, HAS_MULT=mult is not None,
+                            ci, cthr, pos, plen, cur, prev, bm, bm.shape[-1] if bm.dim() == 2 else 0,
+                            out, out.stride(0), mean, mean.stride(0),
+                            HAS_OTHER=other is not None, HAS_MULT=mult is not None, HAS_COND=cond is not None,
                             BLOCK_D=min(block_d, triton.next_power_of_2(D)))
