@@ -148,9 +148,11 @@ def test_vllm_plugins_excluding_xmix_is_an_error(tiny_llama, monkeypatch):
 
 
 def test_builder_errors():
-    with pytest.raises(XmixSpecError, match=r"conditional writes are not yet supported"):
+    with pytest.raises(XmixSpecError, match=r"c.cond: give a predicate"):
+        MIApp("c").write("add", vector=unit_rms(0)).cond()
+    with pytest.raises(XmixSpecError, match=r"cond.tokenz: Extra inputs are not permitted"):
         a = MIApp("c")
-        a.write("add", vector=unit_rms(0)).cond(tokens=[1, 2])
+        a.write("add", vector=unit_rms(0)).cond(tokenz=[1, 2])
         a.to_spec()
     with pytest.raises(XmixSpecError, match=r"unknown read kind 'probe'; known: capture, linear_probe"):
         MIApp("r").read("probe", weight=unit_rms(0))

@@ -873,7 +873,10 @@ class _OpBuilder:
         """Guard a write with a predicate (see :class:`Cond`): ``tokens=[ids]``,
         ``tokens_prev=[ids]``, or ``buffer="name", op=">", threshold=t``; optional
         ``positions="generated"``. Reads cannot be conditioned (rejected)."""
-        self._fields["cond"] = predicate or {"": None}
+        if not predicate:
+            raise XmixSpecError(f"{self._app.name}.cond: give a predicate: tokens=[...], tokens_prev=[...], "
+                                "or buffer=..., op=..., threshold=...")
+        self._fields["cond"] = predicate
         return self
 
     # allow app-level chaining from an op: MIApp("x").write(...).layers(...).write(...)
