@@ -498,8 +498,14 @@ def _patch_output_processor() -> None:
 
     from .results import ReadResults
 
-    if not hasattr(RequestOutput, "mi_results"):
-        RequestOutput.mi_results = None  # requests without reads
+    if not isinstance(getattr(RequestOutput, "mi_results", None), property):
+        def mi_results(self):
+            """Read results of this request (``{app: {read: array}}``, see vllm_xmix.results), or
+            None for a request without reads."""
+            view = self.__dict__.get("_xmix_view")
+            return None if view is None else view.get()
+
+        RequestOutput.mi_results = property(mi_results)
 
     def wrap(orig):
         @functools.wraps(orig)
@@ -518,7 +524,7 @@ def _patch_output_processor() -> None:
             if acc is not None and isinstance(out, RequestOutput):
                 det = getattr(self, "detokenizer", None)
                 n_gen = det.num_output_tokens() if finish_reason is not None and det is not None else None
-                out.mi_results = acc.assemble(n_generated=n_gen)
+                out.__dict__["_xmix_view"] = acc.view(n_generated=n_gen)
             return out
 
         return make_request_output

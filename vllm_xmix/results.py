@@ -37,22 +37,32 @@ class ReadResults:
 
     def __init__(self, n_prompt: int):
         self.n_prompt = n_prompt
-        # (app, name, layer) -> [positions, width, [(pos0, values [n, width]), ...]]
+        # (app, name, layer) -> [positions, width, [(seq, pos0, values [n, width]), ...]]
         self._parts: dict[tuple[str, str, int], list] = {}
+        self.n_chunks = 0
 
     def add(self, chunks) -> None:
         for app, name, layer, positions, pos0, n, width, data in chunks:
             vals = np.frombuffer(data, dtype=np.float32).reshape(int(n), int(width))
             key = (app, name, int(layer))
             part = self._parts.setdefault(key, [positions, int(width), []])
-            part[2].append((int(pos0), vals))
+            part[2].append((self.n_chunks, int(pos0), vals))
+            self.n_chunks += 1
 
-    def assemble(self, n_generated: int | None = None) -> dict[str, dict]:
+    def view(self, n_generated: int | None = None) -> "ResultsView":
+        """What a RequestOutput carries: the values received so far, assembled on first access."""
+        return ResultsView(self, self.n_chunks, n_generated)
+
+    def assemble(self, n_generated: int | None = None, upto: int | None = None) -> dict[str, dict]:
         """``n_generated``: number of generated tokens when the request has finished (fixes the
-        expected length; a missing position is NaN and logged), None while it runs."""
+        expected length; a missing position is NaN and logged), None while it runs. ``upto``:
+        use only the first ``upto`` chunks received (a streamed output's snapshot)."""
         P = self.n_prompt
         out: dict[str, dict] = {}
-        for (app, name, layer), (positions, width, chunks) in sorted(self._parts.items()):
+        for (app, name, layer), (positions, width, all_chunks) in sorted(self._parts.items()):
+            chunks = [(p0, v) for seq, p0, v in all_chunks if upto is None or seq < upto]
+            if not chunks:
+                continue
             start = 0 if positions in ("all", "probe") else P - 1
             if positions == "last":
                 end = P
@@ -79,3 +89,18 @@ class ReadResults:
                 if len(by_layer) == 1:
                     reads[name] = next(iter(by_layer.values()))
         return out
+
+
+class ResultsView:
+    """``RequestOutput.mi_results`` of one output: assembled lazily (outputs nobody reads, e.g.
+    the server's streamed chunks, cost nothing) and from the chunks received up to that output."""
+
+    __slots__ = ("_acc", "_upto", "_n_generated", "_value")
+
+    def __init__(self, acc: ReadResults, upto: int, n_generated: int | None):
+        self._acc, self._upto, self._n_generated, self._value = acc, upto, n_generated, None
+
+    def get(self) -> dict[str, dict]:
+        if self._value is None:
+            self._value = self._acc.assemble(self._n_generated, self._upto)
+        return self._value
