@@ -267,6 +267,8 @@ def test_condition_errors(tiny_llama):
         deploy(app(buffer="b", op="!=", threshold=0.0))
     with pytest.raises(XmixSpecError, match=r"token ids must be non-negative integers"):
         deploy(app(tokens=[-3]))
+    with pytest.raises(XmixSpecError, match=r"threshold/op: only a buffer condition takes them"):
+        deploy(app(tokens=[3], op="<"))
     with pytest.raises(XmixSpecError, match=r"conditional reads are not yet supported"):
         deploy(MIApp("r").read("cosine", weight=C).cond(tokens=[1]))
     with pytest.raises(XmixSpecError, match=r"a condition read .* reads exactly one layer"):

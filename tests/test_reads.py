@@ -24,7 +24,9 @@ def deployment():
     a.read("capture", name="cap").layers([1]).submodule("hook_resid_mid")
     g = MIApp("gen")  # only generated positions: needs no prompt values, keeps the prefix cache
     g.read("capture", positions="generated").layers([3]).submodule("hook_resid_pre")
-    return deploy(a, g)
+    c = MIApp("cos")  # cosine similarity with a direction, one float per position
+    c.read("cosine", weight=W).layers([2]).submodule("hook_resid_post")
+    return deploy(a, g, c)
 
 
 def sp(apps, max_tokens=N, **kw):
@@ -139,9 +141,46 @@ def test_read_deployment_errors(tiny_llama):
         deploy(a)
     with pytest.raises(XmixSpecError, match=r"conditional reads are not yet supported"):
         deploy(MIApp("p").read("linear_probe", weight=W).cond(tokens=[1]))
+    with pytest.raises(XmixSpecError, match=r"sigmoid: Input should be a valid boolean"):
+        deploy(MIApp("p").read("linear_probe", weight=W, sigmoid="yes"))
+    b = MIApp("p").write("add", vector=W).layers([1])  # a chained builder passed as a request app
+    from vllm_xmix import SamplingParams
+
+    assert SamplingParams(mi_apps=[b]).extra_args["xmix"]["apps"][0]["hash"] == b.content_hash()
     # checked against the model when the engine is configured
     with pytest.raises(ValueError, match=r"ops\.0\.weight: length 63 != d_model 64"):
         make_llm(tiny_llama, "eager", additional_config=deploy(MIApp("p").read("linear_probe", weight=W[:63])))
     with pytest.raises(ValueError, match=r"'mlp.hook_router_logits' is not available on LlamaForCausalLM"):
         make_llm(tiny_llama, "eager",
                  additional_config=deploy(MIApp("p").read("capture").submodule("mlp.hook_router_logits")))
+
+
+def test_cosine_read_is_one_float_per_position(chunked, hf):
+    o = chunked.generate([{"prompt_token_ids": PROMPTS[2]}], sp(["cos"], max_tokens=5), use_tqdm=False)[0]
+    ids = PROMPTS[2] + list(o.outputs[0].token_ids)[:-1]
+    x = hf.record(ids, [(2, "hook_resid_post")])[(2, "hook_resid_post")].astype(np.float64)
+    want = x @ (W / np.linalg.norm(W)) / np.linalg.norm(x, axis=1)
+    got = o.mi_results["cos"]["cosine"]
+    assert got.shape == (len(ids),)
+    close(got, want, "cosine")
+    # the same values as JSON for the OpenAI server (kv_transfer_params of the final output)
+    np.testing.assert_allclose(o.kv_transfer_params["xmix_results"]["cos"]["cosine"], got, rtol=1e-6)
+
+
+def test_read_only_app_refuses_a_scale(chunked):
+    with pytest.raises(ValueError, match=r"mi_apps\[0\]\.scale: app 'pr' has no writes"):
+        chunked.generate([{"prompt_token_ids": [1, 2, 3]}], sp([{"name": "pr", "scale": 5.0}], max_tokens=2),
+                         use_tqdm=False)
+
+
+def test_buffer_limits_and_prompt_embeds_are_checked_before_workers_start(tiny_llama):
+    from vllm_xmix import MIApp, deploy
+
+    a = MIApp("big")
+    a.read("capture").layers("all").submodule("hook_resid_mid")
+    with pytest.raises(ValueError, match=r"GiB of device buffers \(read buffer"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(a), max_num_batched_tokens=5_000_000)
+    s = MIApp("seal")
+    s.write("add", vector=W).layers([1]).cond(tokens=[5])
+    with pytest.raises(ValueError, match=r"token conditions .* enable_prompt_embeds"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(s), enable_prompt_embeds=True)

@@ -14,10 +14,23 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
-from conftest import PROMPTS, app_deltas, deployment
+from conftest import PROMPTS, app_deltas, deployment, unit_rms
 
 N = 8
+W = unit_rms(61) / 8
+
+
+def server_deployment() -> dict:
+    """The shared happy/sad deployment plus a probe app (reads come back over HTTP)."""
+    from vllm_xmix import MIApp, deploy
+
+    dep = deployment()
+    p = MIApp("probe")
+    p.read("linear_probe", weight=W, bias=0.5).layers([2]).submodule("hook_resid_post")
+    dep["xmix"]["apps"] += deploy(p)["xmix"]["apps"]
+    return dep
 
 
 def _free_port() -> int:
@@ -36,7 +49,7 @@ def server(tiny_llama, tmp_path_factory):
     # distribution named "vllm"), so CI starts the server module directly
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_llama, "--port", str(port),
            "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
-           "--max-num-seqs", "8", "--additional-config", json.dumps(deployment())]
+           "--max-num-seqs", "8", "--additional-config", json.dumps(server_deployment())]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -100,3 +113,17 @@ def test_bad_selection_is_http_400_and_the_server_keeps_serving(server, hf):
         assert msg in json.dumps(resp), (msg, resp)
     status, resp = complete(url, model, PROMPTS[0], {"xmix": ["happy"]})
     assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
+
+
+def test_read_results_come_back_over_http(server, hf):
+    url, model = server
+    p = PROMPTS[2]
+    status, resp = complete(url, model, p, {"xmix": ["probe", "happy"]})
+    assert status == 200, resp
+    toks = tokens(resp)
+    assert toks == hf.greedy(p, N, app_deltas([{"name": "happy"}]))
+    probe = np.array(resp["kv_transfer_params"]["xmix_results"]["probe"]["probe"])
+    ids = list(p) + toks[:-1]
+    x = hf.record(ids, [(2, "hook_resid_post")], app_deltas([{"name": "happy"}]))[(2, "hook_resid_post")]
+    assert probe.shape == (len(ids),)
+    np.testing.assert_allclose(probe, x.astype(np.float64) @ W + 0.5, rtol=1e-4, atol=1e-4)

@@ -131,6 +131,15 @@ def validate_engine_config(vllm_config) -> None:
     text = _text_config(mc)
     validate_deployment(dep, text.num_hidden_layers, text.hidden_size, _n_experts(text),
                         getattr(text, "vocab_size", None))
+    from .runtime import check_buffer_bytes, engine_limits
+
+    check_buffer_bytes(dep, text.num_hidden_layers, text.hidden_size, _n_experts(text), *engine_limits(vllm_config))
+    token_cond = any(op.primitive == "write" and op.cond is not None and op.cond.buffer is None
+                     for app in dep.apps for op in app.ops)
+    if token_cond and getattr(mc, "enable_prompt_embeds", False):
+        raise XmixSpecError("additional_config.xmix: token conditions (cond(tokens=...) / cond(tokens_prev=...)) "
+                            "need the token ids inside the forward; with enable_prompt_embeds vLLM embeds "
+                            "outside it. Start the engine without enable_prompt_embeds")
     pc = vllm_config.parallel_config
     if pc.pipeline_parallel_size > 1:
         raise XmixSpecError("additional_config.xmix: pipeline parallelism is not supported yet")
@@ -496,7 +505,7 @@ def _patch_output_processor() -> None:
     from vllm.outputs import RequestOutput
     from vllm.v1.engine.output_processor import RequestState
 
-    from .results import ReadResults
+    from .results import ReadResults, to_json
 
     if not isinstance(getattr(RequestOutput, "mi_results", None), property):
         def mi_results(self):
@@ -519,11 +528,17 @@ def _patch_output_processor() -> None:
                     acc = self.__dict__["_xmix_reads"] = ReadResults(n_prompt)
                 acc.add(kv_transfer_params[CONFIG_KEY])
                 kv_transfer_params = {k: v for k, v in kv_transfer_params.items() if k != CONFIG_KEY} or None
+            n_gen = None
+            if acc is not None and finish_reason is not None:
+                det = getattr(self, "detokenizer", None)
+                n_gen = det.num_output_tokens() if det is not None else None
+                # the OpenAI server returns kv_transfer_params in its (non-streaming) responses:
+                # the final values go there too, as JSON ("xmix_results")
+                kv_transfer_params = {**(kv_transfer_params or {}),
+                                      "xmix_results": to_json(acc.assemble(n_generated=n_gen))}
             out = orig(self, new_token_ids, pooling_output, finish_reason, stop_reason, kv_transfer_params,
                        *args, **kwargs)
             if acc is not None and isinstance(out, RequestOutput):
-                det = getattr(self, "detokenizer", None)
-                n_gen = det.num_output_tokens() if finish_reason is not None and det is not None else None
                 out.__dict__["_xmix_view"] = acc.view(n_generated=n_gen)
             return out
 

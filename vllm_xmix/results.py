@@ -104,3 +104,21 @@ class ResultsView:
         if self._value is None:
             self._value = self._acc.assemble(self._n_generated, self._upto)
         return self._value
+
+
+def to_json(results: dict) -> dict:
+    """``mi_results`` as JSON-able data (nested lists of floats; NaN / inf become None), keyed
+    like ``mi_results`` (layer keys as strings)."""
+
+    def clean(x):
+        if isinstance(x, list):
+            return [clean(y) for y in x]
+        return None if not np.isfinite(x) else x
+
+    def conv(v):
+        if isinstance(v, dict):
+            return {str(k): conv(x) for k, x in v.items()}
+        a = np.asarray(v, dtype=np.float64)
+        return a.tolist() if np.isfinite(a).all() else clean(a.tolist())
+
+    return {app: {name: conv(v) for name, v in reads.items()} for app, reads in results.items()}

@@ -47,8 +47,8 @@ logger = logging.getLogger("vllm.xmix")
 
 STATE_KEY = "vllm_xmix"
 NULL_SLOT = 0
-#: largest read buffer (``out``) a deployment may ask for; captures of many layers at
-#: ``max_num_batched_tokens`` rows are the way to hit it
+#: largest total of the buffers that grow with the engine's limits (see :func:`buffer_bytes`);
+#: captures of many layers at ``max_num_batched_tokens`` rows are the usual way to hit it
 MAX_READ_BUFFER_BYTES = 4 << 30
 
 
@@ -162,12 +162,7 @@ class XmixState:
                             conds.append((len(st.entries), app.name, op.cond))
                         st.entries.append(e)
                     vecs.append(v)
-        if n_cols * max_tokens * 4 > MAX_READ_BUFFER_BYTES:
-            raise XmixSpecError(
-                f"additional_config.xmix: the deployed reads need a {n_cols * max_tokens * 4 / 2**30:.1f} GiB "
-                f"buffer ({n_cols} float32 columns x max_num_batched_tokens {max_tokens}); the limit is "
-                f"{MAX_READ_BUFFER_BYTES / 2**30:.0f} GiB: capture fewer layers or lower max_num_batched_tokens"
-            )
+        check_buffer_bytes(deployment, n_layers, d_model, n_experts, max_tokens, max_slots, max_model_len)
         for key in sorted(per_site):
             st.sites[key] = len(st.sites)
         dev = st.device
@@ -260,7 +255,7 @@ class XmixState:
                     e.ckind, e.cidx = CK_BUF_REQUEST, src.req_k
                 else:
                     e.ckind, e.cidx = CK_BUF_TOKEN, src.col
-                e.cop, e.cthr = _OPS[c.op], float(c.threshold)
+                e.cop, e.cthr = _OPS[c.op or ">"], float(c.threshold)
             e.cgen = c.positions == "generated"
             self.cond_entries.append(e_idx)
         self.has_token_cond = bool(sets)
@@ -540,7 +535,7 @@ class XmixState:
                 if hi <= lo:
                     continue
                 block = vals[r0 + lo - pos0: r0 + hi - pos0, e.col: e.col + e.width]
-                tag = "probe" if e.kind == PROBE else e.positions
+                tag = "probe" if e.kind in (PROBE, COSINE) else e.positions  # one float per position
                 chunks.append((e.app, e.name, e.layer, tag, lo, hi - lo, e.width,
                                np.ascontiguousarray(block).tobytes()))
         return out
@@ -583,6 +578,48 @@ class XmixState:
         self.verified = True
 
 
+def buffer_bytes(dep: DeploymentConfig, n_layers: int, d_model: int, n_experts: int | None, max_tokens: int,
+                 max_slots: int, max_model_len: int) -> dict[str, int]:
+    """Device memory of the deployment's per-step and per-request buffers that grow with the
+    engine's limits (bytes): the read buffer (``max_tokens`` x read columns, float32), the token
+    history of token conditions and the prompt values of each request-scope condition
+    (``max_slots`` x ``max_model_len`` each)."""
+    cols, token_cond, req_bufs = 0, False, 0
+    for ai, app in enumerate(dep.apps):
+        for op in app.ops:
+            nl = len(resolve_layers(op.layers, n_layers, f"apps.{ai}.layers"))
+            if op.primitive == "read":
+                cols += nl * (hook_width(op.hook, d_model, n_experts, "read") if op.kind == "capture" else 1)
+                req_bufs += int(op.buffer is not None and op.scope == "request")
+            elif op.cond is not None and op.cond.buffer is None:
+                token_cond = True
+    return {"read buffer": cols * max_tokens * 4,
+            "token history": (max_slots * max_model_len * 4) if token_cond else 0,
+            "request-scope condition values": req_bufs * max_slots * max_model_len * 4}
+
+
+def check_buffer_bytes(dep, n_layers, d_model, n_experts, max_tokens, max_slots, max_model_len) -> None:
+    """Raises XmixSpecError if the buffers exceed :data:`MAX_READ_BUFFER_BYTES` together."""
+    b = buffer_bytes(dep, n_layers, d_model, n_experts, max_tokens, max_slots, max_model_len)
+    total = sum(b.values())
+    if total > MAX_READ_BUFFER_BYTES:
+        parts = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in b.items() if v)
+        raise XmixSpecError(
+            f"additional_config.xmix: the deployed apps need {total / 2**30:.1f} GiB of device buffers ({parts}; "
+            f"read buffer = float32 columns x max_num_batched_tokens {max_tokens}, the others = "
+            f"{max_slots} slots x max_model_len {max_model_len}); the limit is {MAX_READ_BUFFER_BYTES / 2**30:.0f} "
+            "GiB: capture fewer layers, or lower max_num_batched_tokens / max_num_seqs / max_model_len")
+
+
+def engine_limits(vllm_config) -> tuple[int, int, int]:
+    """(max_tokens per step, request slots, max_model_len) the buffers are sized for."""
+    sched = vllm_config.scheduler_config
+    max_tokens = max(int(sched.max_num_batched_tokens),
+                     int(getattr(vllm_config.compilation_config, "max_cudagraph_capture_size", 0) or 0))
+    # slots: running requests plus preempted ones that keep theirs (their condition state)
+    return max_tokens, 2 * int(sched.max_num_seqs) + 1, int(vllm_config.model_config.max_model_len)
+
+
 # -------------------------------------------------------------------- lookup helpers
 
 
@@ -605,9 +642,7 @@ def get_or_create_state(vllm_config, layer: torch.nn.Module | None = None) -> Xm
     dep = parse_deployment(raw)
     hf = vllm_config.model_config.hf_config
     text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
-    sched = vllm_config.scheduler_config
-    max_tokens = max(int(sched.max_num_batched_tokens),
-                     int(getattr(vllm_config.compilation_config, "max_cudagraph_capture_size", 0) or 0))
+    max_tokens, max_slots, max_model_len = engine_limits(vllm_config)
     device = None
     if layer is not None:
         p = next(layer.parameters(), None)
@@ -617,11 +652,9 @@ def get_or_create_state(vllm_config, layer: torch.nn.Module | None = None) -> Xm
         device = vllm_config.device_config.device or torch.device("cpu")
     from ._vllm_compat import _n_experts
 
-    # slots: running requests plus preempted ones that keep theirs (their condition state)
-    st = XmixState.build(dep, text.num_hidden_layers, text.hidden_size, device, max_tokens,
-                         2 * int(sched.max_num_seqs) + 1, _n_experts(text),
-                         vocab_size=int(getattr(text, "vocab_size", 0) or 0),
-                         max_model_len=int(vllm_config.model_config.max_model_len))
+    st = XmixState.build(dep, text.num_hidden_layers, text.hidden_size, device, max_tokens, max_slots,
+                         _n_experts(text), vocab_size=int(getattr(text, "vocab_size", 0) or 0),
+                         max_model_len=max_model_len)
     ctx[STATE_KEY] = st
     logger.info("vllm_xmix: %d app(s), %d hook site(s), %d entries on %s", len(dep.apps),
                 len(st.sites), len(st.entries), device)

@@ -26,8 +26,8 @@ import re
 from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, ValidationError,
+                      field_validator, model_validator)
 
 #: Key under ``additional_config`` (deployment) and ``SamplingParams.extra_args`` (request).
 CONFIG_KEY = "xmix"
@@ -141,7 +141,7 @@ class Cond(BaseModel):
     tokens: list[int] | None = None
     tokens_prev: list[int] | None = None
     buffer: str | None = None
-    op: Literal[">", ">=", "<", "<="] = ">"
+    op: Literal[">", ">=", "<", "<="] | None = None  # buffer conditions; default ">"
     threshold: float | None = None
     positions: Literal["all", "generated"] = "all"
 
@@ -175,8 +175,10 @@ class Cond(BaseModel):
             raise ValueError(f"give exactly one of tokens, tokens_prev, buffer (got {given or 'none'})")
         if self.buffer is not None and self.threshold is None:
             raise ValueError("threshold: a buffer condition needs a threshold")
-        if self.buffer is None and self.threshold is not None:
-            raise ValueError("threshold: only a buffer condition takes a threshold")
+        if self.buffer is None and (self.threshold is not None or self.op is not None):
+            raise ValueError("threshold/op: only a buffer condition takes them")
+        if self.buffer is not None and self.op is None:
+            self.op = ">"
         return self
 
     def kind(self) -> str:
@@ -334,7 +336,7 @@ class ReadOp(BaseModel):
     layers: Union[list[int], Literal["all"]] = "all"
     weight: Union[list[float], VectorFile, None] = None
     bias: float = 0.0
-    sigmoid: bool = False
+    sigmoid: StrictBool = False
     positions: Literal["all", "generated", "last"] = "all"
     cond: dict[str, Any] | None = None
 
@@ -796,6 +798,10 @@ def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConf
                 f"{field}[{i}].scale: must be >= 0 for app {ra.name!r}, whose router_bias masks experts "
                 f"with -inf (got {ra.scale}); a negative scale turns the mask into +inf/NaN"
             )
+        if ra.scale not in (None, 0.0) and not any(op.primitive == "write" for op in app.ops):
+            raise XmixSpecError(
+                f"{field}[{i}].scale: app {ra.name!r} has no writes, a scale would change nothing (only 0, "
+                "which switches the app off, is accepted)")
         if ra.hash is not None:
             deployed = (hashes or {}).get(ra.name) or app.content_hash()
             if ra.hash != deployed:
@@ -888,6 +894,9 @@ class _OpBuilder:
 
     def to_spec(self) -> AppSpec:
         return self._app.to_spec()
+
+    def content_hash(self) -> str:
+        return self._app.content_hash()
 
     @property
     def name(self) -> str:
