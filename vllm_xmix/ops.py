@@ -93,18 +93,6 @@ def register_ops() -> None:
     from vllm.utils.torch_utils import direct_register_custom_op
 
     lib = Library("vllm_xmix", "FRAGMENT")
-    direct_register_custom_op(
-        op_name="hook_write_",
-        op_func=hook_write_,
-        mutates_args=["h"],
-        fake_impl=hook_write_fake,
-        target_lib=lib,
-    )
-    direct_register_custom_op(
-        op_name="note_tokens_",
-        op_func=note_tokens_,
-        mutates_args=["h"],
-        fake_impl=note_tokens_fake,
-        target_lib=lib,
-    )
+    for name, func, fake in (("hook_write_", hook_write_, hook_write_fake), ("note_tokens_", note_tokens_, note_tokens_fake)):
+        direct_register_custom_op(op_name=name, op_func=func, mutates_args=["h"], fake_impl=fake, target_lib=lib)
     _LIB = lib

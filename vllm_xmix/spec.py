@@ -26,8 +26,8 @@ import re
 from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, ValidationError,
-                      field_validator, model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, Tag,
+                      ValidationError, field_validator, model_validator)
 
 #: Key under ``additional_config`` (deployment) and ``SamplingParams.extra_args`` (request).
 CONFIG_KEY = "xmix"
@@ -108,6 +108,10 @@ def _hook_name(hook: str) -> str:
     raise XmixSpecError(
         f"submodule: unknown hook {hook!r}; known TransformerLens hook names: {', '.join(KNOWN_HOOKS)}"
     )
+
+
+#: decoder-layer indices of an op: ``"all"`` or distinct non-negative ints (range, numpy ok)
+Layers = Annotated[Union[list[int], Literal["all"]], BeforeValidator(lambda v: v if v == "all" else _layer_list(v))]
 
 
 class VectorFile(BaseModel):
@@ -212,7 +216,7 @@ class WriteOp(BaseModel):
     primitive: Literal["write"] = "write"
     kind: str = "add"
     hook: str = "hook_resid_post"
-    layers: Union[list[int], Literal["all"]] = "all"
+    layers: Layers = "all"
     vector: Union[list[float], VectorFile]
     scale: float = 1.0
     value: float | None = None
@@ -234,11 +238,6 @@ class WriteOp(BaseModel):
         if h not in SUPPORTED_HOOKS:
             raise ValueError(f"hook {h!r} is not yet supported for writes (supported: {', '.join(SUPPORTED_HOOKS)})")
         return h
-
-    @field_validator("layers", mode="before")
-    @classmethod
-    def _layers(cls, v):
-        return v if v == "all" else _layer_list(v)
 
     @field_validator("vector", mode="before")
     @classmethod
@@ -333,7 +332,7 @@ class ReadOp(BaseModel):
     buffer: str | None = None
     scope: Literal["token", "request"] = "token"
     hook: str = "hook_resid_post"
-    layers: Union[list[int], Literal["all"]] = "all"
+    layers: Layers = "all"
     weight: Union[list[float], VectorFile, None] = None
     bias: float = 0.0
     sigmoid: StrictBool = False
@@ -351,11 +350,6 @@ class ReadOp(BaseModel):
     @classmethod
     def _hook(cls, v: str) -> str:
         return _hook_name(v)
-
-    @field_validator("layers", mode="before")
-    @classmethod
-    def _layers(cls, v):
-        return v if v == "all" else _layer_list(v)
 
     @field_validator("weight", mode="before")
     @classmethod
