@@ -3,12 +3,16 @@ vLLM's own `vllm bench serve`, A/B interleaved, ratios to vanilla with bootstrap
 
 What it does, for a model config from benchmarks/models (dummy weights, no download):
 1. Builds a serving directory: the config plus a locally built tokenizer with the model's exact
-   vocabulary (a word-level tokenizer over "t0".."t{V-1}": `vllm bench serve` decodes and the
-   server re-encodes prompts, and this round trip is exact), and a ShareGPT-format dataset
-   (`sharegpt.json`) of `--num-prompts` conversations whose prompt lengths follow a ShareGPT-like
+   vocabulary (a word-level tokenizer over "t0".."t{V-1}": the prompt text is re-encoded by the
+   server to exactly the intended tokens), and a ShareGPT-format dataset (`sharegpt.json`) of
+   `--num-prompts` conversations whose prompt lengths follow a ShareGPT-like
    distribution: LogNormal(mu=5.0, sigma=0.9) tokens clipped to [4, 1024] (median ~150, mean
-   ~220, long right tail; vLLM's ShareGPT loader drops prompts over 1024 tokens: an approximation of ShareGPT v3 prompt lengths under a Llama-3
-   tokenizer; no download). Outputs are fixed to `--output-len` (128) with ignore_eos.
+   ~220, long right tail: an approximation of ShareGPT v3 prompt lengths under a Llama-3
+   tokenizer; no download; vLLM's loader drops prompts over 1024 tokens). Outputs are fixed to
+   `--output-len` (128) with ignore_eos. For K distinct configurations (16, 256) the same
+   prompts carry a per-request `vllm_xargs` field
+   (steer_all with K different scales), sent by `vllm bench serve` through its per-request
+   overrides (benchmarks/_vllm_cli.py).
 2. Starts two servers on the same GPU at once (each `--gpu-memory-utilization` 0.42 by
    default): vanilla (`VLLM_PLUGINS=""`, no `--additional-config`) and xmix (all apps deployed
    with `--additional-config`). Default vLLM settings otherwise: torch.compile,
@@ -42,6 +46,7 @@ import urllib.request
 import numpy as np
 
 VLLM = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_vllm_cli.py")]
+K_CONFIGS = (16, 256)
 METRICS = (("mean_itl_ms", "mean ITL", -1), ("p99_itl_ms", "P99 ITL", -1), ("mean_ttft_ms", "TTFT", -1),
            ("total_token_throughput", "throughput", +1))
 
@@ -89,9 +94,10 @@ def configs_for(apps) -> dict[str, tuple[str, object]]:
     out = {"vanilla": ("vanilla", None), "inactive": ("xmix", None)}
     for n in names:
         out[n] = ("xmix", [n])
-    # not yet: K distinct steering configs in flight (1, 16, 256); `vllm bench serve` sends one
-    # extra body for every request, so K > 1 needs K client processes (Poisson streams of rate r/K
-    # superpose to rate r) or a dataset that carries the selection per request
+    # K distinct steering configs in flight: steer_all with K different per-request scales,
+    # carried per request by the dataset (see build_dataset / _vllm_cli.py); K=1 is "steer_all"
+    for k in K_CONFIGS:
+        out[f"steer_all_K{k}"] = ("xmix", f"K{k}")
     out["all_apps"] = ("xmix", [n for n in names if n != "router_mask"])
     return out
 
@@ -117,17 +123,23 @@ def build_serving_dir(model_dir: str, out_dir: str) -> str:
     return out_dir
 
 
-def build_dataset(path: str, n: int, vocab: int, seed: int = 0, output_len: int = 128, max_len: int = 1024) -> list[int]:
-    """ShareGPT-format conversations; prompt lengths LogNormal(5.0, 0.9) clipped to [4, 1024]."""
+def build_dataset(path: str, n: int, vocab: int, seed: int = 0, output_len: int = 128, max_len: int = 1024,
+                  xargs: list | None = None) -> list[int]:
+    """ShareGPT-format conversations; prompt lengths LogNormal(5.0, 0.9) clipped to [4, max_len]
+    (vLLM's ShareGPT loader drops prompts over 1024 tokens). ``xargs``: per-request
+    ``vllm_xargs`` dicts, cycled over the entries (sent by _vllm_cli.py's extension)."""
     rng = np.random.default_rng(seed)
-    lens = np.clip(np.round(rng.lognormal(5.0, 0.9, n)), 4, max_len).astype(int)  # vLLM's ShareGPT loader drops > 1024
+    lens = np.clip(np.round(rng.lognormal(5.0, 0.9, n)), 4, max_len).astype(int)
     convs = []
     for i, L in enumerate(lens):
         ids = rng.integers(10, vocab - 10, int(L))
         out_ids = rng.integers(10, vocab - 10, output_len)
-        convs.append({"id": f"synth-{i}", "conversations": [
+        e = {"id": f"synth-{i}", "conversations": [
             {"from": "human", "value": " ".join(f"t{x}" for x in ids)},
-            {"from": "gpt", "value": " ".join(f"t{x}" for x in out_ids)}]})
+            {"from": "gpt", "value": " ".join(f"t{x}" for x in out_ids)}]}
+        if xargs:
+            e["vllm_xargs"] = xargs[i % len(xargs)]
+        convs.append(e)
     json.dump(convs, open(path, "w"))
     return lens.tolist()
 
@@ -165,15 +177,18 @@ class Server:
 
 def bench(server: Server, serving_dir: str, dataset: str, rate: str, n: int, output_len: int, xmix, result: str,
           seed: int) -> dict:
+    env = dict(os.environ, XMIX_PER_REQUEST_XARGS="1")
     cmd = VLLM + ["bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{server.port}",
            "--model", serving_dir, "--tokenizer", serving_dir, "--dataset-name", "sharegpt",
            "--dataset-path", dataset, "--num-prompts", str(n), "--sharegpt-output-len", str(output_len),
            "--ignore-eos", "--request-rate", rate, "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl",
            "--metric-percentiles", "50,99", "--save-result", "--result-dir", os.path.dirname(result),
            "--result-filename", os.path.basename(result)]
-    if xmix is not None:
+    if isinstance(xmix, str):  # a dataset with per-request selections (K distinct configs)
+        cmd[cmd.index("--dataset-path") + 1] = xmix
+    elif xmix is not None:
         cmd += ["--extra-body", json.dumps({"vllm_xargs": {"xmix": xmix}})]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     res = json.load(open(result))
@@ -293,6 +308,13 @@ def main() -> int:
     serving = build_serving_dir(args.model, os.path.join(args.out, "model"))
     dataset = os.path.join(args.out, "sharegpt.json")
     build_dataset(dataset, args.num_prompts, cfg["vocab_size"], output_len=args.output_len, max_len=args.max_prompt_len)
+    k_sets = {}
+    for k in K_CONFIGS:  # the same prompts, each request with one of K distinct scales
+        k_sets[f"K{k}"] = os.path.join(args.out, f"sharegpt_K{k}.json")
+        build_dataset(k_sets[f"K{k}"], args.num_prompts, cfg["vocab_size"], output_len=args.output_len,
+                      max_len=args.max_prompt_len,
+                      xargs=[{"xmix": json.dumps([{"name": "steer_all", "scale": round(0.25 + 0.5 * i / k, 6)}])}
+                             for i in range(k)])
     apps = apps_for(cfg)
     configs = configs_for(apps)
     if args.configs:
@@ -314,7 +336,8 @@ def main() -> int:
                 for name, (srv, xmix) in configs.items():
                     f = os.path.join(args.out, "runs", f"{name}_r{rate}_{rnd}.json")
                     os.makedirs(os.path.dirname(f), exist_ok=True)
-                    res = bench(servers[srv], serving, dataset, rate, args.num_prompts, args.output_len, xmix, f,
+                    sel = k_sets[xmix] if isinstance(xmix, str) else xmix
+                    res = bench(servers[srv], serving, dataset, rate, args.num_prompts, args.output_len, sel, f,
                                 seed=rnd)
                     print(f"rate {rate} round {rnd} {name}: itl {res['mean_itl_ms']:.3f} ms  "
                           f"tput {res['total_token_throughput']:.0f} tok/s", flush=True)
