@@ -21,8 +21,11 @@ What it does, for a model config from benchmarks/models (dummy weights, no downl
    (vanilla, inactive, app1, app2, ..., i.e. A B A B across rounds so drift cancels), after one
    discarded warm-up round. A configuration is a server plus the per-request `--extra-body`
    (`{"vllm_xargs": {"xmix": [...]}}`).
-4. Writes `results.json` (every run), `summary.md` (per model and rate: metric medians and the
-   ratio to vanilla with a bootstrap 95% CI over rounds) and `overhead.png`.
+4. Writes `results.json` (every run; an invocation with other --rates / --configs adds to it,
+   so a long sweep can be split over several GPU calls), `summary.md` (per model and rate:
+   metric medians and the ratio to vanilla with a bootstrap 95% CI over rounds) and
+   `overhead.png` (`--summarize` rebuilds both from results.json, e.g. on a machine with
+   matplotlib).
 
 usage (H200, kit sourced; `vllm` CLI available there):
   python3 benchmarks/serve_bench.py --model benchmarks/models/llama31_8b --out $OUT/serve \
@@ -329,7 +332,8 @@ def main() -> int:
                              common + ["--additional-config", json.dumps(deploy(*apps))], dict(os.environ))
     servers["xmix"].wait()
     title = f"{os.path.basename(args.model.rstrip('/'))}, {args.num_prompts} prompts, {args.output_len} output tokens"
-    runs: list[dict] = []
+    # resumable: runs of earlier invocations (other rates / configs) stay in results.json
+    runs: list[dict] = json.load(open(res_path)) if os.path.exists(res_path) else []
     try:
         for rate in args.rates.split(","):
             for rnd in range(args.repeats + 1):  # round 0: warm-up, discarded
@@ -342,6 +346,7 @@ def main() -> int:
                     print(f"rate {rate} round {rnd} {name}: itl {res['mean_itl_ms']:.3f} ms  "
                           f"tput {res['total_token_throughput']:.0f} tok/s", flush=True)
                     if rnd > 0:
+                        runs = [r for r in runs if (r["rate"], r["round"], r["config"]) != (rate, rnd, name)]
                         runs.append({"rate": rate, "round": rnd, "config": name, "title": title,
                                      "result": {k: res[k] for k in (m[0] for m in METRICS)}})
                 json.dump(runs, open(res_path, "w"))
