@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Issue 5 on the H200 (kit sourced: source /root/xmix-env.sh). One part per `run` call (each
-# must finish in 10 minutes); results accumulate in $OUT/serve_<model>/results.json, which the
-# caller copies back and `python3 benchmarks/serve_bench.py --out <dir> --summarize` turns into
-# summary.md + overhead.png locally. Usage: run_issue5_gpu.sh kernels|rate_inf|rate_16|k|decode
+# must finish in 10 minutes); results accumulate in /root/xmix-serve/<model>/results.json on the
+# warm machine and come back as $OUT/serve_results_<model>.json; locally, put it in a folder as
+# results.json and `python3 benchmarks/serve_bench.py --out <folder> --summarize` writes
+# summary.md + overhead.png. Usage: run_issue5_gpu.sh kernels|rate_inf|rate_16|k|decode
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 M=${MODEL:-benchmarks/models/llama31_8b}
-S="$OUT/serve_$(basename $M)"
+S="/root/xmix-serve/$(basename $M)"  # kept on the (warm) machine between calls; only results.json comes back
 SB="timeout 570 python3 benchmarks/serve_bench.py --model $M --out $S --repeats 2"
 case "${1:-kernels}" in
   kernels) python3 -m pytest -q tests/test_kernels.py 2>&1 | tail -3 ;;
@@ -22,4 +23,5 @@ case "${1:-kernels}" in
         --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput --out "$OUT/decode_xmix.json" > "$OUT/decode_xmix.log" 2>&1
     grep -h RESULT "$OUT"/decode_*.log ;;
 esac
-cp -r "$S" "$OUT/" 2>/dev/null || true
+cp "$S/results.json" "$OUT/serve_results_$(basename $M).json" 2>/dev/null || true
+tail -c 3000 "$S/xmix.log" > "$OUT/xmix_server_tail.log" 2>/dev/null || true
