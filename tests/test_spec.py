@@ -79,3 +79,33 @@ def test_request_forms():
     assert parse_request_apps('[{"name": "y", "layers": [1]}]')[0].layers == [1]
     assert parse_request_apps([_app("z")])[0].name == "z"
     assert parse_request_apps([]) == []
+
+
+def test_probe_weights_from_files_checked_against_the_model(tmp_path):
+    """Probe / cosine weights load like steering vectors (safetensors, .pt, .npy) and are checked
+    against the model's d_model (n_experts at the router logits) when the deployment is validated."""
+    import numpy as np
+    import torch
+    from safetensors.numpy import save_file
+
+    from vllm_xmix import MIApp, XmixSpecError
+    from vllm_xmix.spec import parse_deployment, validate_deployment
+    from vllm_xmix.spec import deploy as dep
+
+    w = np.arange(64, dtype=np.float32) / 64
+    save_file({"probe": w}, str(tmp_path / "w.safetensors"))
+    torch.save({"probe": torch.from_numpy(w)}, tmp_path / "w.pt")
+    np.save(tmp_path / "w.npy", w[:63])
+    for path, key in ((tmp_path / "w.safetensors", "probe"), (tmp_path / "w.pt", "probe")):
+        a = MIApp("p")
+        a.read("linear_probe", weight=path, key=key).layers([1])
+        a.read("cosine", weight=path, key=key, name="cos").layers([2])
+        validate_deployment(parse_deployment(dep(a)["xmix"]), 4, 64)
+    bad = MIApp("p")
+    bad.read("linear_probe", weight=tmp_path / "w.npy").layers([1])
+    with pytest.raises(XmixSpecError, match=r"ops\.0\.weight: length 63 != d_model 64"):
+        validate_deployment(parse_deployment(dep(bad)["xmix"]), 4, 64)
+    router = MIApp("r")
+    router.read("linear_probe", weight=[1.0, 2.0, 3.0]).submodule("mlp.hook_router_logits")
+    with pytest.raises(XmixSpecError, match=r"weight: length 3 != n_experts 4"):
+        validate_deployment(parse_deployment(dep(router)["xmix"]), 4, 64, n_experts=4)
