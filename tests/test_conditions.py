@@ -281,3 +281,10 @@ def test_condition_errors(tiny_llama):
         make_llm(tiny_llama, "eager", additional_config=deploy(late))
     with pytest.raises(ValueError, match=r"cond: token id 5000 >= vocab size 1024"):
         make_llm(tiny_llama, "eager", additional_config=deploy(app(tokens=[1, 5000])))
+
+
+def test_selecting_only_a_condition_read_layer_is_refused(cond_llm):
+    """The condition read alone changes nothing and returns nothing: refused, not a silent no-op."""
+    with pytest.raises(ValueError, match=r"selects only condition reads of app 'cast'"):
+        gen(cond_llm, PROMPTS[:1], [{"name": "cast", "layers": [READ_LAYER]}])
+    assert gen(cond_llm, PROMPTS[:1], [{"name": "cast", "layers": [READ_LAYER, 3]}])  # with a write layer: fine

@@ -73,9 +73,9 @@ def server(tiny_llama, tmp_path_factory):
             proc.kill()
 
 
-def complete(url, model, prompt, xargs=None):
+def complete(url, model, prompt, xargs=None, **extra):
     body = {"model": model, "prompt": prompt, "max_tokens": N, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True}
+            "return_token_ids": True, **extra}
     if xargs is not None:
         body["vllm_xargs"] = xargs
     req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
@@ -110,6 +110,16 @@ def test_bad_selection_is_http_400_and_the_server_keeps_serving(server, hf):
                        ({"xmix": "happy"}, "expected a list of apps")):
         status, resp = complete(url, model, PROMPTS[0], xargs)
         assert status == 400, (xargs, status, resp)
+        assert msg in json.dumps(resp), (msg, resp)
+    # refused before the response starts: streaming requests get a real 400 too; beam search
+    # (which would run without the apps) and reads with several prompts (one kv_transfer_params
+    # per response) are refused instead of silently dropping the apps / results
+    for xargs, extra, msg in (({"xmix": ["nope"]}, {"stream": True}, "unknown app 'nope'"),
+                              ({"xmix": ["happy"]}, {"use_beam_search": True, "n": 2}, "beam search"),
+                              ({"xmix": ["probe"]}, {"prompt": [PROMPTS[0], PROMPTS[1]]}, "send one prompt per request"),
+                              ({"xmix": ""}, {}, "mi_apps: empty")):
+        status, resp = complete(url, model, extra.pop("prompt", PROMPTS[0]), xargs, **extra)
+        assert status == 400, (xargs, extra, status, resp)
         assert msg in json.dumps(resp), (msg, resp)
     status, resp = complete(url, model, PROMPTS[0], {"xmix": ["happy"]})
     assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))

@@ -217,7 +217,17 @@ def validate_request(vllm_config, params):
     ea = params.extra_args
     if not ea or CONFIG_KEY not in ea:
         return None, None
-    apps = parse_request_apps(ea[CONFIG_KEY], field="mi_apps")
+    return validate_selection(vllm_config, ea[CONFIG_KEY], getattr(params, "n", 1))
+
+
+def validate_selection(vllm_config, raw, n: int = 1):
+    """Validate a request's app selection (``extra_args["xmix"]`` / ``vllm_xargs["xmix"]``)
+    against the engine's deployment; returns (canonical wire dict, cache salt or None).
+
+    Raises:
+        XmixSpecError (a ValueError) naming the field.
+    """
+    apps = parse_request_apps(raw, field="mi_apps")
     if not apps:
         return {"apps": []}, None
     dep, hashes = _deployment_of(vllm_config)
@@ -237,9 +247,9 @@ def validate_request(vllm_config, params):
         app = dep.app(ra.name)
         if ra.scale == 0:
             continue
-        if app.has_reads and getattr(params, "n", 1) > 1:
+        if app.has_reads and n > 1:
             raise XmixSpecError(f"mi_apps[{i}]: app {ra.name!r} has reads; reads with n > 1 (parallel "
-                                f"sampling) are not supported (got n={params.n})")
+                                f"sampling) are not supported (got n={n})")
         reads_prompt |= app.reads_prompt()
         # apps whose writes can land on prompt positions change the prompt's KV: salted by content;
         # apps that write only at generated positions (cond positions="generated") keep sharing
@@ -273,6 +283,66 @@ def _patch_input_processor() -> None:
         return process_inputs
 
     _mark("InputProcessor.process_inputs", InputProcessor, "process_inputs", wrap)
+
+
+# ------------------------------------------------------------------------------------ server
+
+
+def _n_prompts(prompt) -> int:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return len(prompt)
+    return 1
+
+
+def http_precheck(serving, request, n_prompts: int = 1) -> str | None:
+    """Checks of a request's ``vllm_xargs["xmix"]`` before the OpenAI server starts answering (so
+    a bad selection is an HTTP 400 also for streaming requests, whose status is sent before the
+    engine sees the request). Returns the error message or None."""
+    xargs = getattr(request, "vllm_xargs", None) or {}
+    if CONFIG_KEY not in xargs:
+        return None
+    vllm_config = getattr(getattr(serving, "engine_client", None), "vllm_config", None)
+    try:
+        if vllm_config is None:
+            return None  # the engine checks it when the request is added
+        wire, _ = validate_selection(vllm_config, xargs[CONFIG_KEY], getattr(request, "n", 1) or 1)
+        if not wire or not wire["apps"]:
+            return None
+        if getattr(request, "use_beam_search", False):
+            raise XmixSpecError("mi_apps: beam search builds its own sampling requests, which would run without "
+                                "the apps; not supported with vllm-xmix apps")
+        dep, _ = _deployment_of(vllm_config)
+        reads = [a["name"] for a in wire["apps"] if dep.app(a["name"]).has_reads and a.get("scale") != 0]
+        if reads and n_prompts > 1:
+            raise XmixSpecError(f"mi_apps: apps {reads} have reads, but a completions request with {n_prompts} "
+                                "prompts returns one kv_transfer_params for all of them; send one prompt per request")
+    except XmixSpecError as e:
+        return str(e)
+    return None
+
+
+def _patch_openai_server() -> None:
+    try:
+        from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+        from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+    except Exception as e:  # the server is optional
+        logger.debug("vllm_xmix: OpenAI server not importable (%s)", e)
+        return
+
+    def wrap(orig, prompts):
+        @functools.wraps(orig)
+        async def create(self, request, *args, **kwargs):
+            err = http_precheck(self, request, prompts(request))
+            if err is not None:
+                return self.create_error_response(err)
+            return await orig(self, request, *args, **kwargs)
+
+        return create
+
+    _mark("OpenAIServingCompletion.create_completion", OpenAIServingCompletion, "create_completion",
+          lambda orig: wrap(orig, lambda r: _n_prompts(getattr(r, "prompt", None))))
+    _mark("OpenAIServingChat.create_chat_completion", OpenAIServingChat, "create_chat_completion",
+          lambda orig: wrap(orig, lambda r: 1))
 
 
 # ------------------------------------------------------------------------------------ layers
@@ -577,4 +647,5 @@ def apply_patches() -> list[str]:
     _patch_v2_runner()
     _patch_scheduler()
     _patch_output_processor()
+    _patch_openai_server()
     return list(_PATCHED)

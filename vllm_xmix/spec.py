@@ -720,6 +720,9 @@ def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int, n_ex
 
 def _coerce_request_list(raw: Any, field: str) -> list[Any]:
     if isinstance(raw, str):
+        if not raw.strip():
+            raise XmixSpecError(f"{field}: empty; expected a list of apps, e.g. ['happy'] or "
+                                "'[{\"name\": \"happy\", \"scale\": 4}]'")
         if not raw.lstrip().startswith(("[", "{")):
             raise XmixSpecError(f"{field}: expected a list of apps (e.g. [{raw!r}]), got str {raw!r}")
         try:
@@ -813,6 +816,14 @@ def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConf
                     f"{field}[{i}].layers: layer {bad[0]} is not a deployed layer of app {ra.name!r} "
                     f"(deployed: {sorted(allowed)})"
                 )
+            useful = set()  # layers of the app's writes and returned reads (condition reads do nothing alone)
+            for op in app.ops:
+                if op.primitive == "write" or op.buffer is None:
+                    useful.update(resolve_layers(op.layers, n_layers, f"{field}[{i}].layers"))
+            if not useful & set(ra.layers):
+                raise XmixSpecError(
+                    f"{field}[{i}].layers: {ra.layers} selects only condition reads of app {ra.name!r}, so the "
+                    f"app would do nothing; its writes and returned reads are at layers {sorted(useful)}")
 
 
 def check_router_masks(apps: list[RequestApp], dep: DeploymentConfig, n_layers: int,
