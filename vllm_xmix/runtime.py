@@ -30,8 +30,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .kernels import request_mean
+from .kernels.cond_gate import gate_reference, note_tokens_reference, note_tokens_triton
 from .kernels.read_rows import CAPTURE, COSINE, PROBE
 from .kernels.row_write import ADD, PROJ
+from .kernels.steer_add import HAS_TRITON
 from .spec import (
     CONFIG_KEY,
     DeploymentConfig,
@@ -191,7 +194,6 @@ class XmixState:
         st.cols = torch.tensor(st.cols_host or [0], dtype=torch.int32, device=dev)
         st.flags = torch.tensor(st.flags_host or [0], dtype=torch.int32, device=dev)
         st.out = torch.zeros(max_tokens if n_cols else 1, max(1, n_cols), dtype=torch.float32, device=dev)
-        st.read_mask = np.array([e.is_read for e in st.entries], dtype=bool)
         st.returned_mask = np.array([e.is_read and e.returned for e in st.entries], dtype=bool)
         st._build_conditions(conds, buffers, n_req, vocab_size, max_model_len)
         st.site_names = {sid: f"blocks.{L}.{h}" for (L, h), sid in st.sites.items()}
@@ -261,13 +263,8 @@ class XmixState:
         self.has_token_cond = bool(sets)
         L = max(1, max_model_len)
         if sets:
-            if vocab_size <= 0:
-                raise XmixSpecError("additional_config.xmix: token conditions need the model's vocabulary size")
-            bm = torch.zeros(len(sets), vocab_size, dtype=torch.int8)
+            bm = torch.zeros(len(sets), vocab_size, dtype=torch.int8)  # ids < vocab: checked by validate_deployment
             for i, ids in enumerate(sets):
-                bad = [x for x in ids if x >= vocab_size]
-                if bad:
-                    raise XmixSpecError(f"additional_config.xmix: cond token id {bad[0]} >= vocab size {vocab_size}")
                 bm[i, ids] = 1
             self.bitmaps = bm.to(dev)
             self.hist = torch.zeros(self.max_slots, L, dtype=torch.int32, device=dev)
@@ -298,8 +295,6 @@ class XmixState:
         """``[T, n_site_write_entries]`` float32: 1 where an entry's condition holds for the token
         (unconditional entries: 1): :func:`.kernels.cond_gate.gate_reference` (the CPU path; on
         CUDA the row kernel evaluates the same gate inline)."""
-        from .kernels.cond_gate import gate_reference
-
         a = self.cond_args
         return gate_reference(T, self.site_entries_host[site], self.cond_host, self.tok_slot, self.tok_pos,
                               self.slot_plen, a["tok_cur"], a["tok_prev"], a["bitmaps"], self.out, a["req_mean"])
@@ -308,12 +303,9 @@ class XmixState:
         """After the reads of ``site``: keep request-scope condition values by (slot, position)
         for prompt positions, then the mean over the prompt for requests whose last prompt token
         is in this step (``kernels/request_mean.py``)."""
-        from .kernels import request_mean as rm
-        from .kernels.steer_add import HAS_TRITON
-
         cuda = self.device.type == "cuda" and HAS_TRITON
-        store = rm.store_values_triton if cuda else rm.store_values_reference
-        mean = rm.request_mean_triton if cuda else rm.request_mean_reference
+        store = request_mean.store_values_triton if cuda else request_mean.store_values_reference
+        mean = request_mean.request_mean_triton if cuda else request_mean.request_mean_reference
         for e_idx in self.site_reads_host[site]:
             e = self.entries[e_idx]
             if e.req_k < 0:
@@ -324,10 +316,7 @@ class XmixState:
 
     def note_tokens(self, input_ids: torch.Tensor) -> None:
         """At the embedding: this step's token ids, and each token's previous token (from the same
-        step, or the slot's history for a chunk's first token). Torch ops, static shapes."""
-        from .kernels.cond_gate import note_tokens_reference, note_tokens_triton
-        from .kernels.steer_add import HAS_TRITON
-
+        step, or the slot's history for a chunk's first token): ``kernels/cond_gate.py``."""
         self.token_hook_calls += 1
         impl = note_tokens_triton if input_ids.is_cuda and HAS_TRITON else note_tokens_reference
         impl(input_ids, self.tok_slot, self.tok_pos, self.hist, self.tok_cur, self.tok_prev)
@@ -381,17 +370,19 @@ class XmixState:
         # absolute position of the first scheduled token of each request with apps (alignment of
         # reads and conditions: chunked prefill, recompute and async scheduling come through here)
         self._step_pos = {}
+        cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+        if self.preempted and cached is not None:  # scheduled again: no longer a victim for its slot
+            for rid in cached.req_ids:
+                self.preempted.pop(rid, None)
         track = self.req_reads if not self.has_cond else self.req_rows
         if track:
             for nr in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
                 if nr.req_id in track:
                     self._step_pos[nr.req_id] = int(nr.num_computed_tokens)
-            cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
             if cached is not None:
                 for rid, nct in zip(cached.req_ids, cached.num_computed_tokens):
                     if rid in track:
                         self._step_pos[rid] = int(nct)
-                        self.preempted.pop(rid, None)
 
     def _forget(self, rid: str) -> None:
         self.req_rows.pop(rid, None)
@@ -455,9 +446,9 @@ class XmixState:
         tok[:T] = np.repeat(slots, num_scheduled_tokens[:n_req])
         tok[T:n] = NULL_SLOT
         self.tok_slot[:n].copy_(stage.tok[:n], non_blocking=True)
+        row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])[:-1]])  # first row of each request
         if self.has_cond:  # absolute position of every token (0 for app-free tokens and padding)
             starts = np.fromiter((self._step_pos.get(r, 0) for r in req_ids[:n_req]), dtype=np.int64, count=n_req)
-            row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])[:-1]])
             pos = stage.pos.numpy()
             pos[:T] = np.repeat(starts - row0, num_scheduled_tokens[:n_req]) + np.arange(T)
             pos[:T][tok[:T] == NULL_SLOT] = 0
@@ -485,7 +476,6 @@ class XmixState:
             stage.event.record()
         self.high_water = T if any_on else 0
         if self._step_pos and self.req_reads:
-            row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])])
             self._step_reads = [(r, int(row0[i]), int(num_scheduled_tokens[i]), self._step_pos[r]) + self.req_reads[r]
                                 for i, r in enumerate(req_ids[:n_req]) if r in self.req_reads and r in self._step_pos]
 
