@@ -1,0 +1,61 @@
+"""The worker-side request registry (vllm_xmix.runtime.XmixState) under preemption, driven with
+scheduler outputs shaped like vLLM's (the engine-level behaviour is in test_conditions/test_reads)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+import torch
+from conftest import unit_rms
+
+
+def state(max_slots=3):
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.runtime import XmixState
+    from vllm_xmix.spec import parse_deployment
+
+    a = MIApp("steer")
+    a.write("add", vector=unit_rms(0)).layers([1])
+    return XmixState.build(parse_deployment(deploy(a)["xmix"]), 4, 64, torch.device("cpu"), 64, max_slots,
+                           max_model_len=64)
+
+
+def new(rid):
+    sp = NS(extra_args={"xmix": {"apps": [{"name": "steer"}]}})
+    return NS(req_id=rid, sampling_params=sp, prompt_token_ids=[1, 2, 3], num_computed_tokens=0)
+
+
+def step(st, new_reqs=(), cached=(), preempted=(), finished=()):
+    so = NS(finished_req_ids=set(finished), preempted_req_ids=set(preempted), scheduled_new_reqs=list(new_reqs),
+            scheduled_cached_reqs=NS(req_ids=list(cached), num_computed_tokens=[3] * len(cached)))
+    st.update_requests(so)
+    ids = [r.req_id for r in new_reqs] + list(cached)
+    st.fill(ids, np.ones(len(ids), dtype=np.int64))
+
+
+def test_preempted_request_keeps_its_slot_and_is_no_victim_once_resumed():
+    st = state(max_slots=3)  # slots 1 and 2
+    step(st, new_reqs=[new("a")])
+    slot_a = st.req_slot["a"]
+    step(st, preempted=["a"])
+    assert st.req_slot["a"] == slot_a and "a" in st.preempted  # kept while preempted
+    step(st, cached=["a"])  # resumed
+    assert "a" not in st.preempted and st.req_slot["a"] == slot_a
+    step(st, new_reqs=[new("b")], cached=["a"])
+    # a third running request: no preempted victim left, so this is a loud error, never a slot
+    # taken from a running request
+    with pytest.raises(RuntimeError, match="out of request slots"):
+        step(st, new_reqs=[new("c")], cached=["a", "b"])
+    assert st.req_slot["a"] == slot_a
+
+
+def test_a_preempted_request_gives_its_slot_when_none_is_free():
+    st = state(max_slots=3)
+    step(st, new_reqs=[new("a"), new("b")])
+    step(st, preempted=["a"], cached=["b"])
+    step(st, new_reqs=[new("c")], cached=["b"])  # takes a's slot (a warning is logged)
+    assert "a" not in st.req_slot and {"b", "c"} <= set(st.req_slot)
+    step(st, finished=["a", "b", "c"])
+    assert not st.req_slot and len(st.free_slots) == 2
