@@ -91,3 +91,24 @@ def test_text_prompt_and_seeded_sampling(steer_llm):
     solo_on = steer_llm.generate(["The cat likes"], p_on, use_tqdm=False)[0]
     assert list(outs[0].outputs[0].token_ids) == list(solo_on.outputs[0].token_ids)
     assert outs[0].outputs[0].text != outs[1].outputs[0].text
+
+
+def test_app_free_steps_launch_nothing(steer_llm, hf, monkeypatch):
+    """Graph variants: a step where no request has an app on runs the app-free variant (the hook
+    ops return before launching a kernel; on CUDA the graphs captured that way replay), a step
+    with any app on runs the hooks. Counted at the kernel entry point, results against HF."""
+    import vllm_xmix.ops as ops
+
+    st = steer_llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner \
+        .compilation_config.static_forward_context["vllm_xmix"]
+    launches = []
+    real = ops.steer_add
+    monkeypatch.setattr(ops, "steer_add", lambda *a, **k: (launches.append(1), real(*a, **k))[1])
+    before = dict(st.variant_steps)
+    off = gen(steer_llm, PROMPTS[:2], sp())
+    assert not launches, "an app-free step launched hook kernels"
+    assert st.variant_steps[False] > before[False] and st.variant_steps[True] == before[True]
+    mixed = gen(steer_llm, PROMPTS[:2], [sp(), sp([{"name": "happy"}])])
+    assert launches and st.variant_steps[True] > before[True]
+    assert off == [hf.greedy(p, N) for p in PROMPTS[:2]]
+    assert mixed == [hf.greedy(PROMPTS[0], N), hf.greedy(PROMPTS[1], N, app_deltas([{"name": "happy"}]))]

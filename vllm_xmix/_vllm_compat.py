@@ -533,6 +533,117 @@ def _patch_v2_runner() -> None:
     _mark("V2 GPUModelRunner.prepare_inputs", V2Runner, "prepare_inputs", wrap_prep)
 
 
+# ------------------------------------------------------------------------------------ graph variants
+
+
+def _state_of_config(vllm_config):
+    from .runtime import STATE_KEY
+
+    st = vllm_config.compilation_config.static_forward_context.get(STATE_KEY)
+    return st if st is not None and st.variants_enabled else None
+
+
+def _patch_graph_variants() -> None:
+    """CUDA graphs captured twice, with the hook ops (``XmixState.active``) and without, the way
+    vLLM specializes graphs on LoRA (``cudagraph_specialize_lora``); a step where no token has an
+    app on replays the graph without them, so deployed-but-off apps launch nothing.
+
+    * ``CUDAGraphWrapper`` (piecewise graphs of both runners, FULL graphs of the V1 runner): a
+      wrapper that was called while variants were being captured keeps one entry table per
+      variant and uses the table of the current step's variant;
+    * V1 ``GPUModelRunner._warmup_and_capture`` (capture and graph-memory profiling): each batch
+      descriptor is captured for both variants;
+    * V2 ``ModelCudaGraphManager.capture`` / ``CudaGraphManager.run_fullgraph``: the whole
+      capture runs once per variant into its own graph table; replay picks the step's.
+
+    A wrapper never called during a variant capture keeps its single table (the hook ops are
+    then captured, and run, in every step: correct, only not free). The ops themselves return
+    without launching when ``active`` is False (``ops.hook_write_``), which is what the app-free
+    graphs record. ``VLLM_USE_BREAKABLE_CUDAGRAPH`` keeps its own graph tables: variants are
+    turned off there (``validate_engine_config``)."""
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+    def wrap_call(orig):
+        @functools.wraps(orig)
+        def __call__(self, *args, **kwargs):
+            st = _state_of_config(self.vllm_config)
+            if st is not None:
+                tables = self.__dict__.get("_xmix_tables")
+                if tables is None and st.capturing_variants:
+                    tables = self.__dict__["_xmix_tables"] = {True: self.concrete_cudagraph_entries, False: {}}
+                if tables is not None:
+                    self.concrete_cudagraph_entries = tables[st.active]
+            return orig(self, *args, **kwargs)
+
+        return __call__
+
+    def wrap_clear(orig):
+        @functools.wraps(orig)
+        def clear_graphs(self):
+            for t in (self.__dict__.get("_xmix_tables") or {}).values():
+                t.clear()
+            return orig(self)
+
+        return clear_graphs
+
+    _mark("CUDAGraphWrapper.__call__", CUDAGraphWrapper, "__call__", wrap_call)
+    _mark("CUDAGraphWrapper.clear_graphs", CUDAGraphWrapper, "clear_graphs", wrap_clear)
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def wrap_v1_capture(orig):
+        @functools.wraps(orig)
+        def _warmup_and_capture(self, desc, *args, **kwargs):
+            st = _state_of_config(self.vllm_config)
+            if st is None:
+                return orig(self, desc, *args, **kwargs)
+            with st.capture_variant(False):
+                orig(self, desc, *args, **kwargs)
+            with st.capture_variant(True):
+                return orig(self, desc, *args, **kwargs)
+
+        return _warmup_and_capture
+
+    _mark("V1 GPUModelRunner._warmup_and_capture", GPUModelRunner, "_warmup_and_capture", wrap_v1_capture)
+
+    try:
+        from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager, ModelCudaGraphManager
+    except Exception as e:  # V2 needs Triton; CPU builds run V1
+        logger.debug("vllm_xmix: V2 graph manager not importable here (%s)", e)
+        return
+
+    def wrap_v2_capture(orig):
+        @functools.wraps(orig)
+        def capture(self, *args, **kwargs):
+            st = _state_of_config(self.vllm_config)
+            if st is None:
+                return orig(self, *args, **kwargs)
+            tables = {}
+            for on in (False, True):
+                self.graphs = {}
+                with st.capture_variant(on):
+                    orig(self, *args, **kwargs)
+                tables[on] = self.graphs
+            self._xmix_graphs = tables
+            self.graphs = tables[True]
+
+        return capture
+
+    def wrap_v2_replay(orig):
+        @functools.wraps(orig)
+        def run_fullgraph(self, desc):
+            tables = self.__dict__.get("_xmix_graphs")
+            if tables is not None:
+                st = _state_of_config(self.vllm_config)
+                self.graphs = tables[st.active if st is not None else True]
+            return orig(self, desc)
+
+        return run_fullgraph
+
+    _mark("V2 ModelCudaGraphManager.capture", ModelCudaGraphManager, "capture", wrap_v2_capture)
+    _mark("V2 CudaGraphManager.run_fullgraph", CudaGraphManager, "run_fullgraph", wrap_v2_replay)
+
+
 # ------------------------------------------------------------------------------------ results
 
 
@@ -645,6 +756,7 @@ def apply_patches() -> list[str]:
     _patch_layer_classes()
     _patch_v1_runner()
     _patch_v2_runner()
+    _patch_graph_variants()
     _patch_scheduler()
     _patch_output_processor()
     _patch_openai_server()

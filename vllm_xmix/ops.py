@@ -43,6 +43,8 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
     projection writes only; ``site``: index of the (layer, hook) site in the model's state."""
     st = _state()
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
+    if not st.active:  # no token of this step has an app on (or capturing the app-free graphs)
+        return
     triton_ok = h.is_cuda and HAS_TRITON
     if st.site_entries[site] is None:
         pass  # read-only site
@@ -76,7 +78,10 @@ def note_tokens_(h: torch.Tensor, input_ids: torch.Tensor) -> None:
     """At the embedding (``h`` [T, d_model]: its output, declared mutated so the op is kept and
     ordered before the layers; not written): record this step's token ids ``input_ids`` [T]
     (int) and each token's previous token for token-conditioned writes."""
-    _state().note_tokens(input_ids)
+    st = _state()
+    st.token_hook_calls += 1
+    if st.active:
+        st.note_tokens(input_ids)
 
 
 def note_tokens_fake(h: torch.Tensor, input_ids: torch.Tensor) -> None:

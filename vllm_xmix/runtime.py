@@ -24,7 +24,9 @@ reads device data back, so async scheduling keeps its overlap.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -214,6 +216,13 @@ class XmixState:
         st._step_reads: list[tuple] = []  # (req_id, first row, n rows, first position, read entries, P)
         st._snapshots: list = []
         st.verified = False
+        # graph variants (see `active` / `capture_variant`): CUDA graphs are captured twice, with
+        # the hook ops and without; a step where no token has an app on replays the latter
+        st.active = True
+        st.variants_enabled = (os.environ.get("VLLM_XMIX_GRAPH_VARIANTS", "1") != "0"
+                               and os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "0") in ("", "0"))
+        st.capturing_variants = False
+        st.variant_steps = {True: 0, False: 0}
         pin = dev.type == "cuda"
         st._ring = [
             _Stage(
@@ -317,7 +326,6 @@ class XmixState:
     def note_tokens(self, input_ids: torch.Tensor) -> None:
         """At the embedding: this step's token ids, and each token's previous token (from the same
         step, or the slot's history for a chunk's first token): ``kernels/cond_gate.py``."""
-        self.token_hook_calls += 1
         impl = note_tokens_triton if input_ids.is_cuda and HAS_TRITON else note_tokens_reference
         impl(input_ids, self.tok_slot, self.tok_pos, self.hist, self.tok_cur, self.tok_prev)
 
@@ -429,11 +437,13 @@ class XmixState:
         """
         self.forwards += 1
         if not self.req_rows and self.high_water == 0 and not self.pending_rows:
+            self._set_active(False)
             return  # fast path: no app on anywhere; tok_slot is all null already
         n_req = len(num_scheduled_tokens)
         slots = np.fromiter((self._slot_for(r) for r in req_ids[:n_req]), dtype=np.int32, count=n_req)
         T = int(num_scheduled_tokens.sum())
         any_on = bool(slots.any())
+        self._set_active(any_on)
         if not any_on and self.high_water == 0 and not self.pending_rows:
             return
         n = max(T, self.high_water)
@@ -478,6 +488,30 @@ class XmixState:
         if self._step_pos and self.req_reads:
             self._step_reads = [(r, int(row0[i]), int(num_scheduled_tokens[i]), self._step_pos[r]) + self.req_reads[r]
                                 for i, r in enumerate(req_ids[:n_req]) if r in self.req_reads and r in self._step_pos]
+
+    # ---------------------------------------------------------------- graph variants
+    def _set_active(self, on: bool) -> None:
+        """Whether this step runs the hook ops (set by :meth:`fill` before the forward).
+
+        With graph variants enabled (the default; ``VLLM_XMIX_GRAPH_VARIANTS=0`` turns them off) a step in which
+        no token belongs to a request with an app on runs without them: the ops return before
+        launching anything (eager and piecewise-compiled steps) and the CUDA-graph wrappers replay
+        the graphs captured that way. This is vLLM's own device for LoRA
+        (``cudagraph_specialize_lora``: separate graphs with and without adapters) applied to MI
+        hooks; cost: every CUDA graph is captured twice. Without variants every step runs them.
+        """
+        self.active = on or not self.variants_enabled
+        self.variant_steps[self.active] += 1
+
+    @contextlib.contextmanager
+    def capture_variant(self, on: bool):
+        """During CUDA-graph capture: capture the variant with (``on``) or without the hook ops."""
+        prev = self.active, self.capturing_variants
+        self.active, self.capturing_variants = on, True
+        try:
+            yield
+        finally:
+            self.active, self.capturing_variants = prev
 
     # ---------------------------------------------------------------- reads
     def snapshot(self) -> None:
