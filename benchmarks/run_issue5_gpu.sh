@@ -6,8 +6,8 @@
 # back as $OUT/serve_results_<model>.json; locally, put it in a folder as results.json and
 # `python3 benchmarks/serve_bench.py --out <folder> --summarize` writes summary.md + overhead.png.
 # Everything else comes back in $OUT/<part>.tgz.
-#   A2: GPU0 serving rate inf, every configuration | GPU1 kernels on CUDA, decode step time plain/xmix
-#   B2: GPU0 serving rate 16 (subset) | GPU1 graphs vs eager for every hook/app kind (graph variants)
+#   A2: GPU0 kernels on CUDA, graphs vs eager for every hook/app kind | GPU1 decode step time plain/xmix
+#   B2: serving, Llama: GPU0 rate inf, every configuration | GPU1 rate 16 (subset)
 #   C2: GPU0 serving Qwen3-8B rate inf (subset) | GPU1 serving Llama rate inf, VLLM_XMIX_GRAPH_VARIANTS=0
 # Usage: run_issue5_gpu.sh A2|B2|C2|kernels
 set -uo pipefail
@@ -36,28 +36,28 @@ decode() {  # decode step time, batch 1/8/64: plain vLLM, then inactive / add al
       > "$L/decode_xmix.log" 2>&1
   echo "decode xmix rc=$?" >> "$L/rc.txt"
 }
-hooks() {  # graphs vs eager, every hook / write / read / condition kind (GPU 1)
-  CUDA_VISIBLE_DEVICES=1 timeout 260 python3 benchmarks/hooks_check.py --model $LL --out "$L/hooks_graphs.json" \
+hooks() {  # $1 gpu, $2 timeout: graphs vs eager, every hook / write / read / condition kind
+  CUDA_VISIBLE_DEVICES=$1 timeout $2 python3 benchmarks/hooks_check.py --model $LL --out "$L/hooks_graphs.json" \
       > "$L/hooks_graphs.log" 2>&1; echo "hooks graphs rc=$?" >> "$L/rc.txt"
-  CUDA_VISIBLE_DEVICES=1 timeout 260 python3 benchmarks/hooks_check.py --model $LL --eager --out "$L/hooks_eager.json" \
+  CUDA_VISIBLE_DEVICES=$1 timeout $2 python3 benchmarks/hooks_check.py --model $LL --eager --out "$L/hooks_eager.json" \
       > "$L/hooks_eager.log" 2>&1; echo "hooks eager rc=$?" >> "$L/rc.txt"
   python3 benchmarks/hooks_check.py --compare "$L/hooks_graphs.json" "$L/hooks_eager.json" > "$L/hooks_compare.txt" 2>&1
 }
 case "${1:-A2}" in
   kernels) CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q tests/test_kernels.py 2>&1 | tail -3 ;;
-  A2)
-    serve 0 $LL 540 --rates inf --repeats 2 &
-    (CUDA_VISIBLE_DEVICES=1 timeout 90 python3 -m pytest -q tests/test_kernels.py > "$L/kernels.log" 2>&1
-     echo "kernels rc=$?" >> "$L/rc.txt"; decode) &
+  A2)  # checks: GPU0 kernels + graphs vs eager | GPU1 decode step lines
+    (CUDA_VISIBLE_DEVICES=0 timeout 80 python3 -m pytest -q tests/test_kernels.py > "$L/kernels.log" 2>&1
+     echo "kernels rc=$?" >> "$L/rc.txt"; hooks 0 ${HOOKS_T:-210}) &
+    decode &
     wait ;;
-  B2)
-    serve 0 $LL 560 --rates 16 --repeats 2 --configs inactive,steer_all,probe_one,cast &
-    hooks &
+  B2)  # serving, Llama: GPU0 rate inf every configuration | GPU1 rate 16 subset
+    serve 0 $LL 560 --rates inf --repeats 2 &
+    (XMIX_SERVE_TAG=_r16 serve 1 $LL 560 --rates 16 --repeats 2 --configs inactive,steer_all,probe_one,cast --port 8201) &
     wait ;;
-  C2)
-    serve 0 $QW 560 --rates inf --repeats 2 --configs inactive,steer_one,steer_all,probe_one,all_apps &
+  C2)  # GPU0 Qwen3-8B rate inf subset | GPU1 Llama rate inf without graph variants (before/after)
+    serve 0 $QW ${C2_T:-560} --rates inf --repeats 2 --configs inactive,steer_one,steer_all,probe_one,all_apps &
     (export VLLM_XMIX_GRAPH_VARIANTS=0 XMIX_SERVE_TAG=_novariants
-     serve 1 $LL 560 --rates inf --repeats 2 --configs inactive,steer_all,probe_one --port 8201) &
+     serve 1 $LL ${C2_T:-560} --rates inf --repeats 2 --configs inactive,steer_all,probe_one --port 8201) &
     wait ;;
 esac
 cat "$L/rc.txt" 2>/dev/null
