@@ -25,6 +25,13 @@ def _version(name):
 md.version = _version
 
 
+#: when set (by benchmarks/serve_bench.py, per run): replaces the first word of every prompt, so
+#: no run finds another run's prompts in the server's prefix cache (the same 250 prompts are
+#: sent by every run; without it every run after the first would be mostly cache hits, and
+#: apps that salt the cache would be compared with cache hits of the others)
+RUN_MARK: str | None = None
+
+
 def _per_request_xargs() -> None:
     from vllm.benchmarks.datasets.datasets import ShareGPTDataset
 
@@ -37,6 +44,8 @@ def _per_request_xargs() -> None:
             x = by_prompt.get(req.prompt) if isinstance(req.prompt, str) else None
             if x is not None:
                 req.request_overrides = {**(req.request_overrides or {}), "vllm_xargs": x}
+            if RUN_MARK is not None and isinstance(req.prompt, str):
+                req.prompt = RUN_MARK + " " + req.prompt.split(" ", 1)[-1]
         return reqs
 
     ShareGPTDataset.sample = sample

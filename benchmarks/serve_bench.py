@@ -54,14 +54,23 @@ METRICS = (("mean_itl_ms", "mean ITL", -1), ("p99_itl_ms", "P99 ITL", -1), ("mea
            ("total_token_throughput", "throughput", +1))
 
 
-def apps_for(cfg: dict, k_configs: int = 256):
-    """The deployed apps (one deployment for every xmix configuration)."""
+def apps_for(cfg: dict, vec_dir: str):
+    """The deployed apps (one deployment for every xmix configuration). Vectors go to
+    safetensors files in ``vec_dir`` (inline, 4096-wide vectors of 7 apps would make the
+    ``--additional-config`` argument longer than the OS allows)."""
+    from safetensors.numpy import save_file
+
     from vllm_xmix import MIApp
 
     d, n, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     rng = np.random.default_rng(0)
     unit = lambda: (lambda v: v / np.sqrt((v ** 2).mean()))(rng.standard_normal(d).astype(np.float32))  # noqa: E731
-    v, r, c, w = unit(), unit(), unit(), unit() / np.sqrt(d)
+    os.makedirs(vec_dir, exist_ok=True)
+    paths = {}
+    for key, vec in (("v", unit()), ("r", unit()), ("c", unit()), ("w", unit() / np.sqrt(d))):
+        paths[key] = os.path.join(vec_dir, f"{key}.safetensors")
+        save_file({key: vec}, paths[key])
+    v, r, c, w = paths["v"], paths["r"], paths["c"], paths["w"]
     apps = []
     a = MIApp("steer_one")
     a.write("add", vector=v, scale=0.5).layers([n // 2]).submodule("hook_resid_post")
@@ -179,7 +188,7 @@ class Server:
 
 
 def bench(server: Server, serving_dir: str, dataset: str, rate: str, n: int, output_len: int, xmix, result: str,
-          seed: int) -> dict:
+          seed: int, run_mark: int) -> dict:
     """One ``vllm bench serve`` run (vLLM's own client and metrics), in this process: its
     argument parser and ``main``, so the 40-odd runs of a sweep pay vLLM's import once."""
     from vllm.benchmarks.serve import add_cli_args, main as bench_main
@@ -197,6 +206,9 @@ def bench(server: Server, serving_dir: str, dataset: str, rate: str, n: int, out
         argv += ["--extra-body", json.dumps({"vllm_xargs": {"xmix": xmix}})]
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
+    import _vllm_cli
+
+    _vllm_cli.RUN_MARK = f"t{run_mark}"  # a fresh first token: no prefix-cache hits across runs
     res = bench_main(parser.parse_args(argv))
     if res.get("completed", n) != n:
         raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
@@ -327,7 +339,7 @@ def main() -> int:
                       max_len=args.max_prompt_len,
                       xargs=[{"xmix": json.dumps([{"name": "steer_all", "scale": round(0.25 + 0.5 * i / k, 6)}])}
                              for i in range(k)])
-    apps = apps_for(cfg)
+    apps = apps_for(cfg, os.path.join(os.path.abspath(args.out), "vectors"))
     configs = configs_for(apps)
     if args.configs:
         keep = {"vanilla", *args.configs.split(",")}
@@ -336,13 +348,18 @@ def main() -> int:
               "--dtype", args.dtype] + args.server_args.split()
     env_v = dict(os.environ, VLLM_PLUGINS="")
     servers = {"vanilla": Server("vanilla", serving, args.port, os.path.join(args.out, "vanilla.log"), common, env_v)}
+    # the deployment goes in through vLLM's --config YAML (JSON is YAML): a token set of 25k ids
+    # would make an --additional-config argument longer than the OS allows (128 KiB)
+    xmix_cfg = os.path.join(args.out, "xmix_config.yaml")
+    json.dump({"additional-config": deploy(*apps)}, open(xmix_cfg, "w"))
     servers["vanilla"].wait()  # one at a time: both start-ups measure their own memory
     servers["xmix"] = Server("xmix", serving, args.port + 1, os.path.join(args.out, "xmix.log"),
-                             common + ["--additional-config", json.dumps(deploy(*apps))], dict(os.environ))
+                             common + ["--config", xmix_cfg], dict(os.environ))
     servers["xmix"].wait()
     title = f"{os.path.basename(args.model.rstrip('/'))}, {args.num_prompts} prompts, {args.output_len} output tokens"
     # resumable: runs of earlier invocations (other rates / configs) stay in results.json
     runs: list[dict] = json.load(open(res_path)) if os.path.exists(res_path) else []
+    mark = 0
     try:
         for rate in args.rates.split(","):
             for rnd in range(args.repeats + 1):  # round 0: warm-up, discarded
@@ -350,8 +367,9 @@ def main() -> int:
                     f = os.path.join(args.out, "runs", f"{name}_r{rate}_{rnd}.json")
                     os.makedirs(os.path.dirname(f), exist_ok=True)
                     sel = k_sets[xmix] if isinstance(xmix, str) else xmix
+                    mark += 1
                     res = bench(servers[srv], serving, dataset, rate, args.num_prompts, args.output_len, sel, f,
-                                seed=rnd)
+                                seed=rnd, run_mark=(mark * 7919 + os.getpid()) % (cfg["vocab_size"] - 20) + 10)
                     print(f"rate {rate} round {rnd} {name}: itl {res['mean_itl_ms']:.3f} ms  "
                           f"tput {res['total_token_throughput']:.0f} tok/s", flush=True)
                     if rnd > 0:
