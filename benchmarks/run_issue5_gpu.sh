@@ -9,7 +9,8 @@
 #   A2: GPU0 kernels on CUDA, graphs vs eager for every hook/app kind | GPU1 decode step time plain/xmix
 #   B2: serving, Llama: GPU0 rate inf, every configuration | GPU1 rate 16 (subset)
 #   C2: GPU0 serving Qwen3-8B rate inf (subset) | GPU1 serving Llama rate inf, VLLM_XMIX_GRAPH_VARIANTS=0
-# Usage: run_issue5_gpu.sh A2|B2|C2|kernels
+#   D2: GPU0 graphs vs eager + decode lines (xmix) | GPU1 serving rate 16 (subset): re-measure after a change
+# Usage: run_issue5_gpu.sh A2|B2|C2|D2|kernels
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -53,6 +54,14 @@ case "${1:-A2}" in
   B2)  # serving, Llama: GPU0 rate inf every configuration | GPU1 rate 16 subset
     serve 0 $LL 560 --rates inf --repeats 2 &
     (XMIX_SERVE_TAG=_r16 serve 1 $LL 560 --rates 16 --repeats 2 --configs inactive,steer_all,probe_one,cast --port 8201) &
+    wait ;;
+  D2)  # after a change: GPU0 graphs vs eager, then decode lines (xmix only) | GPU1 serving rate 16 subset
+    (hooks 0 ${HOOKS_T:-170}
+     CUDA_VISIBLE_DEVICES=0 timeout ${DEC_T:-230} python3 benchmarks/spine_check.py --model $LL --mode xmix --with-probe \
+         --with-cond --on-scales 0.5 --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput \
+         --out "$L/decode_xmix.json" > "$L/decode_xmix.log" 2>&1; echo "decode xmix rc=$?" >> "$L/rc.txt") &
+    (XMIX_SERVE_TAG=_r16 serve 1 $LL ${SERVE_T:-500} --rates 16 --repeats 2 --configs inactive,steer_all,probe_one,cast \
+         --port 8201) &
     wait ;;
   C2)  # GPU0 Qwen3-8B rate inf subset | GPU1 Llama rate inf without graph variants (before/after)
     serve 0 $QW ${C2_T:-560} --rates inf --repeats 2 --configs inactive,steer_one,steer_all,probe_one,all_apps &

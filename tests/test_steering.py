@@ -96,7 +96,9 @@ def test_text_prompt_and_seeded_sampling(steer_llm):
 def test_app_free_steps_launch_nothing(steer_llm, hf, monkeypatch):
     """Graph variants: a step where no request has an app on runs the app-free variant (the hook
     ops return before launching a kernel; on CUDA the graphs captured that way replay), a step
-    with any app on runs the hooks. Counted at the kernel entry point, results against HF."""
+    with any app on runs the hooks. Compiled, the unconditional adds are torch ops inside the
+    graph (fused by Inductor) and launch no kernel of ours at all. Counted at the kernel entry
+    point, results against HF."""
     import vllm_xmix.ops as ops
 
     st = steer_llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner \
@@ -109,6 +111,10 @@ def test_app_free_steps_launch_nothing(steer_llm, hf, monkeypatch):
     assert not launches, "an app-free step launched hook kernels"
     assert st.variant_steps[False] > before[False] and st.variant_steps[True] == before[True]
     mixed = gen(steer_llm, PROMPTS[:2], [sp(), sp([{"name": "happy"}])])
-    assert launches and st.variant_steps[True] > before[True]
+    assert st.variant_steps[True] > before[True]
+    if steer_llm.mode == "eager":
+        assert launches, "a step with an app on ran no hook kernel"
+    else:  # compiled: unconditional adds are torch ops fused by Inductor, no kernel of ours
+        assert not launches, "compiled: the steering adds were not fused into the graph"
     assert off == [hf.greedy(p, N) for p in PROMPTS[:2]]
     assert mixed == [hf.greedy(PROMPTS[0], N), hf.greedy(PROMPTS[1], N, app_deltas([{"name": "happy"}]))]

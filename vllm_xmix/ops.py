@@ -1,6 +1,6 @@
 """Custom ops (library ``vllm_xmix``) called from the hook points.
 
-``torch.ops.vllm_xmix.hook_write_(h, other, site)``: apply every write deployed at hook site ``site``
+``torch.ops.vllm_xmix.hook_write_(h, other, site, fused)``: apply every write deployed at hook site ``site``
 (an index into the model's :class:`~vllm_xmix.runtime.XmixState`) to ``h`` ``[T, d_model]`` in
 place, then every read deployed there (into the state's persistent ``out`` buffer: reads see the
 hook's value after its writes). It declares ``mutates_args=["h"]`` so torch.compile keeps it and orders it (an op with no
@@ -37,26 +37,30 @@ def _state():
     return st
 
 
-def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
+def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: bool) -> None:
     """``h`` [T, d_model]: the tensor the write lands on (mutated); ``other`` [T, d_model] or
     None: the other half of the residual stream (the hook's value is ``h + other``), read by
-    projection writes only; ``site``: index of the (layer, hook) site in the model's state."""
+    projection writes only; ``site``: index of the (layer, hook) site in the model's state;
+    ``fused``: the site's unconditional adds were already applied by torch ops in the compiled
+    graph (``adapters._residual``), so only the rest is applied here."""
     st = _state()
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
     if not st.active:  # no token of this step has an app on (or capturing the app-free graphs)
         return
     triton_ok = h.is_cuda and HAS_TRITON
-    if st.site_entries[site] is None:
-        pass  # read-only site
+    entries, host = (st.site_rest[site], st.site_rest_host[site]) if fused else \
+        (st.site_entries[site], st.site_entries_host[site])
+    if entries is None:
+        pass  # nothing (left) to write here
     elif not st.site_has_proj[site] and not st.site_has_cond[site]:  # the (token, slice)-parallel kernel
-        steer_add(h, st.tok_slot, st.coef, st.site_entries[site], st.vectors)
+        steer_add(h, st.tok_slot, st.coef, entries, st.vectors)
     else:  # one program per token; conditional entries get a per-token gate
         if triton_ok:  # the gate is evaluated inside the kernel
-            row_write_triton(h, other, st.tok_slot, st.coef, st.site_entries[site], st.kinds, st.values, st.vectors,
+            row_write_triton(h, other, st.tok_slot, st.coef, entries, st.kinds, st.values, st.vectors,
                              cond=st.cond_args if st.site_has_cond[site] else None)
         else:
-            mult = st.gate(site, h.shape[0]) if st.site_has_cond[site] else None
-            row_write_reference(h, other, st.tok_slot, st.coef, st.site_entries_host[site], st.kinds_host,
+            mult = st.gate(site, h.shape[0], host) if st.site_has_cond[site] else None
+            row_write_reference(h, other, st.tok_slot, st.coef, host, st.kinds_host,
                                 st.values_host, st.vectors, mult=mult)
     if st.site_reads[site] is None:
         return
@@ -70,7 +74,7 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
         st.store_request_values(site, h.shape[0])
 
 
-def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
+def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: bool) -> None:
     return None
 
 

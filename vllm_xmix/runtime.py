@@ -198,6 +198,7 @@ class XmixState:
         st.out = torch.zeros(max_tokens if n_cols else 1, max(1, n_cols), dtype=torch.float32, device=dev)
         st.returned_mask = np.array([e.is_read and e.returned for e in st.entries], dtype=bool)
         st._build_conditions(conds, buffers, n_req, vocab_size, max_model_len)
+        st._split_fused()
         st.site_names = {sid: f"blocks.{L}.{h}" for (L, h), sid in st.sites.items()}
         st.calls = [0] * len(st.sites)
         st._app_entries = {}
@@ -216,6 +217,7 @@ class XmixState:
         st._step_reads: list[tuple] = []  # (req_id, first row, n rows, first position, read entries, P)
         st._snapshots: list = []
         st.verified = False
+        st.buffer_modules: list = []  # modules holding the runtime's buffers (adapters._residual)
         # graph variants (see `active` / `capture_variant`): CUDA graphs are captured twice, with
         # the hook ops and without; a step where no token has an app on replays the latter
         st.active = True
@@ -239,6 +241,28 @@ class XmixState:
         st.req_prompt: dict[str, list[int]] = {}
         st._ring_pos = 0
         return st
+
+    def _split_fused(self) -> None:
+        """Which write entries the compiled graph applies as plain torch ops (``site_fused``):
+        unconditional ``add`` entries at residual-stream sites without projection writes. Under
+        torch.compile the hook emits them as a gather + multiply-add that Inductor fuses into the
+        neighbouring kernels (the next layer's residual add + RMSNorm), so they cost no launch; the
+        custom op then applies the rest (``site_rest``: conditional writes, projections) and the
+        reads. Eager runs apply every entry in the op (``site_entries``)."""
+        from .adapters._residual import RESIDUAL_HOOKS
+
+        n = len(self.sites)
+        self.site_fused: list[tuple[int, ...]] = [()] * n
+        self.site_rest, self.site_rest_host = list(self.site_entries), list(self.site_entries_host)
+        for (L, hook), sid in self.sites.items():
+            writes = self.site_entries_host[sid] or []
+            if hook not in RESIDUAL_HOOKS or self.site_has_proj[sid]:
+                continue
+            fused = tuple(e for e in writes if self.entries[e].kind == ADD and self.entries[e].ckind == 0)
+            rest = [e for e in writes if e not in fused]
+            self.site_fused[sid] = fused
+            self.site_rest_host[sid] = rest
+            self.site_rest[sid] = torch.tensor(rest, dtype=torch.int32, device=self.device) if rest else None
 
     def _build_conditions(self, conds, buffers, n_req: int, vocab_size: int, max_model_len: int) -> None:
         """Device state of conditional writes (issue 4): token sets as vocabulary bitmaps,
@@ -300,12 +324,14 @@ class XmixState:
             req_mean=getattr(self, "req_mean", torch.zeros(1, 1, dtype=torch.float32, device=dev)),
         )
 
-    def gate(self, site: int, T: int) -> torch.Tensor:
-        """``[T, n_site_write_entries]`` float32: 1 where an entry's condition holds for the token
-        (unconditional entries: 1): :func:`.kernels.cond_gate.gate_reference` (the CPU path; on
-        CUDA the row kernel evaluates the same gate inline)."""
+    def gate(self, site: int, T: int, entries: list[int] | None = None) -> torch.Tensor:
+        """``[T, len(entries)]`` float32 (default entries: the site's writes): 1 where an entry's
+        condition holds for the token (unconditional entries: 1):
+        :func:`.kernels.cond_gate.gate_reference` (the CPU path; on CUDA the row kernel evaluates
+        the same gate inline)."""
         a = self.cond_args
-        return gate_reference(T, self.site_entries_host[site], self.cond_host, self.tok_slot, self.tok_pos,
+        entries = self.site_entries_host[site] if entries is None else entries
+        return gate_reference(T, entries, self.cond_host, self.tok_slot, self.tok_pos,
                               self.slot_plen, a["tok_cur"], a["tok_prev"], a["bitmaps"], self.out, a["req_mean"])
 
     def store_request_values(self, site: int, T: int) -> None:
@@ -590,6 +616,12 @@ class XmixState:
         if self.has_token_cond and not self.token_hook_installed:
             raise RuntimeError("vllm_xmix: token conditions are deployed but the embedding hook is not installed "
                                "(unsupported model class)")
+        for m in self.buffer_modules:  # a module.to()/half() after construction would have copied them
+            for name in ("tok_slot", "coef", "vectors"):
+                if getattr(m, f"xmix_{name}").data_ptr() != getattr(self, name).data_ptr():
+                    raise RuntimeError(f"vllm_xmix: the buffer xmix_{name} of {type(m).__name__} is no longer the "
+                                       "runtime's tensor (the model was moved or cast after construction); the "
+                                       "compiled steering would read a stale copy")
         silent = [self.site_names[s] for s in range(len(self.sites)) if self.calls[s] == 0]
         if self.has_token_cond and self.token_hook_calls == 0:
             silent.append("embed_tokens (token conditions)")

@@ -39,39 +39,76 @@ import torch
 RESIDUAL_HOOKS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 
 
-def _write(t: torch.Tensor, other: torch.Tensor | None, site: int) -> None:
-    """``t``: the tensor the write lands on; ``other``: the rest of the hook's value (or None)."""
-    torch.ops.vllm_xmix.hook_write_(t, other, site)
+#: names of the runtime's buffers on each hooked module (the same tensors on every module): as
+#: module buffers they are graph inputs that torch.compile traces (stable addresses for CUDA
+#: graphs; the AOT cache rebinds them from the module), so the fused adds below are visible to
+#: Inductor
+_BUFFERS = ("tok_slot", "coef", "vectors")
 
 
-def _resid_pre(site: int, module, args, kwargs):
+def _fused_add(module: torch.nn.Module, t: torch.Tensor, entries: tuple[int, ...]) -> torch.Tensor:
+    """``t`` [T, D] plus the unconditional steering adds ``entries`` of this site, as torch ops
+    (semantics of :func:`..kernels.steer_add.steer_add_reference`: float32 accumulation, rows
+    whose coefficients are all 0 untouched). Under torch.compile Inductor fuses this gather +
+    multiply-add into the neighbouring kernels instead of launching one of its own."""
+    T, D = t.shape
+    coef = module.xmix_coef.index_select(0, module.xmix_tok_slot[:T].long())  # [T, E_total]
+    acc = None
+    on = None
+    for e in entries:
+        c = coef[:, e: e + 1]
+        d = torch.where(c != 0, c * module.xmix_vectors[e, :D], 0.0)
+        acc = d if acc is None else acc + d
+        on = (c != 0) if on is None else on | (c != 0)
+    return torch.where(on, (t.float() + acc).to(t.dtype), t)
+
+
+def _write(module, t: torch.Tensor, other: torch.Tensor | None, site: int, fused: tuple[int, ...]) -> torch.Tensor:
+    """``t``: the tensor the write lands on; ``other``: the rest of the hook's value (or None).
+    Returns the written tensor (a new one when the fused adds ran, else ``t`` mutated)."""
+    compiled = bool(fused) and torch.compiler.is_compiling()
+    if compiled:
+        t = _fused_add(module, t, fused)
+    torch.ops.vllm_xmix.hook_write_(t, other, site, compiled)
+    return t
+
+
+def _resid_pre(site: int, fused, module, args, kwargs):
     if len(args) >= 3:
         hidden_states, residual = args[1], args[2]
     else:
         hidden_states = args[1] if len(args) >= 2 else kwargs["hidden_states"]
         residual = kwargs.get("residual")
     if residual is None:  # layer 0: the stream is the embeddings
-        _write(hidden_states, None, site)
+        new, i, key = _write(module, hidden_states, None, site, fused), 1, "hidden_states"
     else:
-        _write(residual, hidden_states, site)
-    return None  # arguments mutated in place
+        new, i, key = _write(module, residual, hidden_states, site, fused), 2, "residual"
+    if len(args) > i:
+        args = args[:i] + (new,) + args[i + 1:]
+    else:
+        kwargs = {**kwargs, key: new}
+    return args, kwargs
 
 
-def _component_out(site: int, module, args, output):
-    _write(output, None, site)
-    return output
+def _component_out(site: int, fused, module, args, output):
+    return _write(module, output, None, site, fused)
 
 
-def _resid_mid(site: int, module, args):
+def _resid_mid(site: int, fused, module, args):
     # post_attention_layernorm(hidden_states=attn_out, residual=resid_pre)
-    _write(args[1], args[0], site)
-    return None
+    return (args[0], _write(module, args[1], args[0], site, fused)) + tuple(args[2:])
 
 
-def _resid_post(site: int, module, args, output):
+def _resid_post(site: int, fused, module, args, output):
     hidden_states, residual = output
-    _write(residual, hidden_states, site)
-    return hidden_states, residual
+    return hidden_states, _write(module, residual, hidden_states, site, fused)
+
+
+def _register_buffers(module: torch.nn.Module, state) -> None:
+    for name in _BUFFERS:
+        if not hasattr(module, f"xmix_{name}"):
+            module.register_buffer(f"xmix_{name}", getattr(state, name), persistent=False)
+    state.buffer_modules.append(module)  # XmixState.verify_hooks_fired: still the same tensors?
 
 
 def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, *, attn: str = "self_attn",
@@ -81,22 +118,25 @@ def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, *, att
     Only sites that some deployed app uses get a hook (and an op in the graph). Order at one
     boundary: resid_post[L] then resid_pre[L+1]; inside a layer: attn_out, resid_mid, mlp_out.
     """
-    sid = functools.partial(state.site_id, layer_idx)
-    if (s := sid("hook_resid_pre")) is not None:
-        layer.register_forward_pre_hook(functools.partial(_resid_pre, s), with_kwargs=True)
+
+    def hook(name: str, module: torch.nn.Module, fn, pre: bool, with_kwargs: bool = False) -> None:
+        s = state.site_id(layer_idx, name)
+        if s is None:
+            return
+        fused = state.site_fused[s]
+        _register_buffers(module, state)
+        f = functools.partial(fn, s, fused)
+        if pre:
+            module.register_forward_pre_hook(f, with_kwargs=with_kwargs)
+        else:
+            module.register_forward_hook(f)
         state.installed.add(s)
-    if (s := sid("hook_attn_out")) is not None:
-        getattr(layer, attn).register_forward_hook(functools.partial(_component_out, s))
-        state.installed.add(s)
-    if (s := sid("hook_resid_mid")) is not None:
-        getattr(layer, norm2).register_forward_pre_hook(functools.partial(_resid_mid, s))
-        state.installed.add(s)
-    if (s := sid("hook_mlp_out")) is not None:
-        getattr(layer, mlp).register_forward_hook(functools.partial(_component_out, s))
-        state.installed.add(s)
-    if (s := sid("hook_resid_post")) is not None:
-        layer.register_forward_hook(functools.partial(_resid_post, s))
-        state.installed.add(s)
+
+    hook("hook_resid_pre", layer, _resid_pre, pre=True, with_kwargs=True)
+    hook("hook_attn_out", getattr(layer, attn), _component_out, pre=False)
+    hook("hook_resid_mid", getattr(layer, norm2), _resid_mid, pre=True)
+    hook("hook_mlp_out", getattr(layer, mlp), _component_out, pre=False)
+    hook("hook_resid_post", layer, _resid_post, pre=False)
 
 
 def _note_tokens(module, args, output):
