@@ -9,8 +9,9 @@
 #   A2: GPU0 kernels on CUDA, graphs vs eager for every hook/app kind | GPU1 decode step time plain/xmix
 #   B2: serving, Llama: GPU0 rate inf, every configuration | GPU1 rate 16 (subset)
 #   C2: GPU0 serving Qwen3-8B rate inf (subset) | GPU1 serving Llama rate inf, VLLM_XMIX_GRAPH_VARIANTS=0
+#   P2: vLLM torch-profiler tables (CUDA time per kernel) at rate 16: vanilla vs steer_all | vanilla vs probe_one
 #   D2: GPU0 graphs vs eager + decode lines (xmix) | GPU1 serving rate 16 (subset): re-measure after a change
-# Usage: run_issue5_gpu.sh A2|B2|C2|D2|kernels
+# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|kernels
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -63,6 +64,11 @@ case "${1:-A2}" in
     (XMIX_SERVE_TAG=_r16 serve 1 $LL ${SERVE_T:-500} --rates 16 --repeats 2 --configs inactive,steer_all,probe_one,cast \
          --port 8201) &
     wait ;;
+  P2)  # profiles (vLLM's torch profiler, per-kernel CUDA time): GPU0 vanilla vs steer_all | GPU1 vanilla vs probe_one
+    XMIX_SERVE_TAG=_prof0 serve 0 $LL 500 --rates 16 --repeats 0 --configs steer_all --profile steer_all &
+    XMIX_SERVE_TAG=_prof1 serve 1 $LL 500 --rates 16 --repeats 0 --configs probe_one --profile probe_one --port 8201 &
+    wait
+    cp /root/xmix-serve/llama31_8b_prof*/profile_*.txt "$L/" 2>/dev/null ;;
   C2)  # GPU0 Qwen3-8B rate inf subset | GPU1 Llama rate inf without graph variants (before/after)
     serve 0 $QW ${C2_T:-560} --rates inf --repeats 2 --configs inactive,steer_one,steer_all,probe_one,all_apps &
     (export VLLM_XMIX_GRAPH_VARIANTS=0 XMIX_SERVE_TAG=_novariants

@@ -188,7 +188,7 @@ class Server:
 
 
 def bench(server: Server, serving_dir: str, dataset: str, rate: str, n: int, output_len: int, xmix, result: str,
-          seed: int, run_mark: int) -> dict:
+          seed: int, run_mark: int, profile: bool = False) -> dict:
     """One ``vllm bench serve`` run (vLLM's own client and metrics), in this process: its
     argument parser and ``main``, so the 40-odd runs of a sweep pay vLLM's import once."""
     from vllm.benchmarks.serve import add_cli_args, main as bench_main
@@ -199,7 +199,7 @@ def bench(server: Server, serving_dir: str, dataset: str, rate: str, n: int, out
             "--dataset-path", dataset, "--num-prompts", str(n), "--sharegpt-output-len", str(output_len),
             "--ignore-eos", "--request-rate", rate, "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl",
             "--metric-percentiles", "50,99", "--save-result", "--result-dir", os.path.dirname(result),
-            "--result-filename", os.path.basename(result), "--disable-tqdm"]
+            "--result-filename", os.path.basename(result), "--disable-tqdm"] + (["--profile"] if profile else [])
     if isinstance(xmix, str):  # a dataset with per-request selections (K distinct configs)
         argv[argv.index("--dataset-path") + 1] = xmix
     elif xmix is not None:
@@ -312,6 +312,10 @@ def main() -> int:
     ap.add_argument("--max-prompt-len", type=int, default=1024)
     ap.add_argument("--server-args", default="", help="extra arguments for both servers (e.g. --enforce-eager)")
     ap.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
+    ap.add_argument("--profile", default="", metavar="CONFIG",
+                    help="after the sweep, one run of vanilla and of CONFIG (at the first rate, at most 100 "
+                         "prompts) under vLLM's torch profiler; its per-kernel CUDA-time tables (vLLM's "
+                         "profiler_out_0.txt) are kept as <out>/profile_<config>.txt")
     ap.add_argument("--summarize", action="store_true", help="only rebuild summary.md / overhead.png from --out")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -346,15 +350,22 @@ def main() -> int:
         configs = {k: v for k, v in configs.items() if k in keep}
     common = ["--gpu-memory-utilization", str(args.gpu_mem), "--max-model-len", str(args.max_model_len),
               "--dtype", args.dtype] + args.server_args.split()
+    prof_args = {}
+    if args.profile:
+        for srv in ("vanilla", "xmix"):
+            prof_args[srv] = ["--profiler-config", json.dumps({
+                "profiler": "torch", "torch_profiler_dir": os.path.join(os.path.abspath(args.out), f"prof_{srv}"),
+                "torch_profiler_with_stack": False, "torch_profiler_use_gzip": True})]
     env_v = dict(os.environ, VLLM_PLUGINS="")
-    servers = {"vanilla": Server("vanilla", serving, args.port, os.path.join(args.out, "vanilla.log"), common, env_v)}
+    servers = {"vanilla": Server("vanilla", serving, args.port, os.path.join(args.out, "vanilla.log"),
+                                 common + prof_args.get("vanilla", []), env_v)}
     # the deployment goes in through vLLM's --config YAML (JSON is YAML): a token set of 25k ids
     # would make an --additional-config argument longer than the OS allows (128 KiB)
     xmix_cfg = os.path.join(args.out, "xmix_config.yaml")
     json.dump({"additional-config": deploy(*apps)}, open(xmix_cfg, "w"))
     servers["vanilla"].wait()  # one at a time: both start-ups measure their own memory
     servers["xmix"] = Server("xmix", serving, args.port + 1, os.path.join(args.out, "xmix.log"),
-                             common + ["--config", xmix_cfg], dict(os.environ))
+                             common + ["--config", xmix_cfg] + prof_args.get("xmix", []), dict(os.environ))
     servers["xmix"].wait()
     title = f"{os.path.basename(args.model.rstrip('/'))}, {args.num_prompts} prompts, {args.output_len} output tokens"
     # resumable: runs of earlier invocations (other rates / configs) stay in results.json
@@ -377,6 +388,25 @@ def main() -> int:
                         runs.append({"rate": rate, "round": rnd, "config": name, "title": title,
                                      "result": {k: res[k] for k in (m[0] for m in METRICS)}})
                 json.dump(runs, open(res_path, "w"))
+        if args.profile:  # where the time goes: per-kernel CUDA time, vanilla vs one configuration
+            rate = args.rates.split(",")[0]
+            for name in ("vanilla", args.profile):
+                srv, xmix = configs_for(apps)[name]
+                sel = k_sets[xmix] if isinstance(xmix, str) else xmix
+                f = os.path.join(args.out, "runs", f"profile_{name}.json")
+                mark += 1
+                bench(servers[srv], serving, dataset, rate, min(args.num_prompts, 100), args.output_len, sel, f,
+                      seed=99, run_mark=(mark * 7919 + os.getpid()) % (cfg["vocab_size"] - 20) + 10, profile=True)
+                table = os.path.join(args.out, f"prof_{srv}", "profiler_out_0.txt")
+                for _ in range(60):  # the worker writes it when the profiler stops
+                    if os.path.exists(table):
+                        break
+                    time.sleep(2)
+                if os.path.exists(table):
+                    shutil.copy(table, os.path.join(args.out, f"profile_{name}.txt"))
+                    os.remove(table)
+                print(f"profile {name}: {'kept' if os.path.exists(os.path.join(args.out, f'profile_{name}.txt')) else 'no table'}",
+                      flush=True)
     finally:
         for s in servers.values():
             s.stop()
