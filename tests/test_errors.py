@@ -192,3 +192,11 @@ def _named(name):
     a = MIApp(name)
     a.write("add", vector=unit_rms(0))
     return a
+
+
+def test_inductor_freezing_is_refused(tiny_llama):
+    """Freezing would inline the runtime's buffers (zeros when compiled) as constants: the fused
+    steering adds would silently do nothing."""
+    with pytest.raises(ValueError, match=r"freezing=True would inline the runtime's buffers"):
+        make_llm(tiny_llama, "compiled", additional_config=deploy(_app()),
+                 compilation_config={"inductor_compile_config": {"freezing": True}})

@@ -59,3 +59,27 @@ def test_a_preempted_request_gives_its_slot_when_none_is_free():
     assert "a" not in st.req_slot and {"b", "c"} <= set(st.req_slot)
     step(st, finished=["a", "b", "c"])
     assert not st.req_slot and len(st.free_slots) == 2
+
+
+def test_graph_variant_follows_the_step_and_dummy_forwards_clear_the_slot_table():
+    """``active`` (which graph variant a step replays) is True exactly when a token of the step
+    belongs to a request with an app on; a forward that bypasses fill() (vLLM's dummy runs) must
+    not see the last step's slot table (dummy tokens would write into a live request's slot)."""
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    load_general_plugins()  # what every vLLM process does: applies vllm_xmix's patches
+    assert getattr(GPUModelRunner._dummy_run, "__xmix_patched__", False)
+    st = state()
+    off = NS(req_id="off", sampling_params=NS(extra_args=None), prompt_token_ids=[1, 2, 3], num_computed_tokens=0)
+    step(st, new_reqs=[off])
+    assert st.active is False
+    step(st, new_reqs=[new("a")], cached=["off"])
+    assert st.active is True and st.high_water == 2 and int(st.tok_slot[:2].ne(0).sum()) == 1
+    st.dummy_forward()
+    assert st.active is False and st.high_water == 0 and int(st.tok_slot.ne(0).sum()) == 0
+    with st.capture_variant(True):  # during a variant capture the variant is the one captured
+        st.dummy_forward()
+        assert st.active is True
+    step(st, cached=["a", "off"])
+    assert st.active is True

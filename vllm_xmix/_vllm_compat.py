@@ -140,6 +140,13 @@ def validate_engine_config(vllm_config) -> None:
         raise XmixSpecError("additional_config.xmix: token conditions (cond(tokens=...) / cond(tokens_prev=...)) "
                             "need the token ids inside the forward; with enable_prompt_embeds vLLM embeds "
                             "outside it. Start the engine without enable_prompt_embeds")
+    ind = getattr(vllm_config.compilation_config, "inductor_compile_config", None) or {}
+    if ind.get("freezing"):
+        raise XmixSpecError("additional_config.xmix: inductor_compile_config freezing=True would inline the "
+                            "runtime's buffers (zeros at compile time) as constants; not supported")
+    if getattr(mc, "enable_sleep_mode", False):
+        raise XmixSpecError("additional_config.xmix: sleep mode is not supported (level 2 discards the "
+                            "runtime's device buffers along with the weights)")
     pc = vllm_config.parallel_config
     if pc.pipeline_parallel_size > 1:
         raise XmixSpecError("additional_config.xmix: pipeline parallelism is not supported yet")
@@ -491,7 +498,18 @@ def _patch_v1_runner() -> None:
 
         return _prepare_inputs
 
+    def wrap_dummy(orig):
+        @functools.wraps(orig)
+        def _dummy_run(self, *args, **kwargs):
+            st = _state_of(self)
+            if st is not None:
+                st.dummy_forward()
+            return orig(self, *args, **kwargs)
+
+        return _dummy_run
+
     _mark("V1 GPUModelRunner.execute_model", GPUModelRunner, "execute_model", wrap_exec)
+    _mark("V1 GPUModelRunner._dummy_run", GPUModelRunner, "_dummy_run", wrap_dummy)
     _mark("V1 GPUModelRunner.sample_tokens", GPUModelRunner, "sample_tokens", _wrap_sample)
     _mark("V1 GPUModelRunner._prepare_inputs", GPUModelRunner, "_prepare_inputs", wrap_prep)
 
@@ -509,6 +527,8 @@ def _patch_v2_runner() -> None:
             dummy = kwargs.get("dummy_run", False)
             if not dummy:
                 _pre_execute(self, scheduler_output)
+            elif _state_of(self) is not None:
+                _state_of(self).dummy_forward()
             out = orig(self, scheduler_output, *args, **kwargs)
             if not dummy:
                 out = _post_execute(self, out)
@@ -569,6 +589,8 @@ def _patch_graph_variants() -> None:
             st = _state_of_config(self.vllm_config)
             if st is not None:
                 tables = self.__dict__.get("_xmix_tables")
+                if tables is not None and not any(self.concrete_cudagraph_entries is t for t in tables.values()):
+                    tables = self.__dict__["_xmix_tables"] = None  # vLLM replaced the table (elastic EP re-capture)
                 if tables is None and st.capturing_variants:
                     tables = self.__dict__["_xmix_tables"] = {True: self.concrete_cudagraph_entries, False: {}}
                 if tables is not None:

@@ -48,8 +48,13 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: b
     if not st.active:  # no token of this step has an app on (or capturing the app-free graphs)
         return
     triton_ok = h.is_cuda and HAS_TRITON
-    entries, host = (st.site_rest[site], st.site_rest_host[site]) if fused else \
-        (st.site_entries[site], st.site_entries_host[site])
+    if fused:  # the compiled graph already applied the site's unconditional adds
+        entries, host = st.site_rest[site], st.site_rest_host[site]
+    elif st.site_fused_t[site] is not None:  # eager, mixed site: the compiled order (those adds first)
+        steer_add(h, st.tok_slot, st.coef, st.site_fused_t[site], st.vectors)
+        entries, host = st.site_rest[site], st.site_rest_host[site]
+    else:
+        entries, host = st.site_entries[site], st.site_entries_host[site]
     if entries is None:
         pass  # nothing (left) to write here
     elif not st.site_has_proj[site] and not st.site_has_cond[site]:  # the (token, slice)-parallel kernel

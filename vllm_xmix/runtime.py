@@ -222,7 +222,7 @@ class XmixState:
         # the hook ops and without; a step where no token has an app on replays the latter
         st.active = True
         st.variants_enabled = (os.environ.get("VLLM_XMIX_GRAPH_VARIANTS", "1") != "0"
-                               and os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "0") in ("", "0"))
+                               and os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "0") != "1")
         st.capturing_variants = False
         st.variant_steps = {True: 0, False: 0}
         pin = dev.type == "cuda"
@@ -254,6 +254,7 @@ class XmixState:
         n = len(self.sites)
         self.site_fused: list[tuple[int, ...]] = [()] * n
         self.site_rest, self.site_rest_host = list(self.site_entries), list(self.site_entries_host)
+        self.site_fused_t: list[torch.Tensor | None] = [None] * n  # sites with fused and other writes
         for (L, hook), sid in self.sites.items():
             writes = self.site_entries_host[sid] or []
             if hook not in RESIDUAL_HOOKS or self.site_has_proj[sid]:
@@ -263,6 +264,8 @@ class XmixState:
             self.site_fused[sid] = fused
             self.site_rest_host[sid] = rest
             self.site_rest[sid] = torch.tensor(rest, dtype=torch.int32, device=self.device) if rest else None
+            if fused and rest:  # eager runs apply these first too, so both paths round the same way
+                self.site_fused_t[sid] = torch.tensor(fused, dtype=torch.int32, device=self.device)
 
     def _build_conditions(self, conds, buffers, n_req: int, vocab_size: int, max_model_len: int) -> None:
         """Device state of conditional writes (issue 4): token sets as vocabulary bitmaps,
@@ -528,6 +531,17 @@ class XmixState:
         """
         self.active = on or not self.variants_enabled
         self.variant_steps[self.active] += 1
+
+    def dummy_forward(self) -> None:
+        """Before a forward that does not go through :meth:`fill` (vLLM's dummy runs: profiling,
+        warm-up, idle data-parallel ranks): no token belongs to any request, so the step's slot
+        table is cleared (a dummy token must not write into a live request's slot) and, outside a
+        variant capture, the step runs without the hook ops."""
+        if self.high_water:
+            self.tok_slot[: self.high_water].zero_()
+            self.high_water = 0
+        if not self.capturing_variants:
+            self.active = not self.variants_enabled
 
     @contextlib.contextmanager
     def capture_variant(self, on: bool):

@@ -52,6 +52,7 @@ def _fused_add(module: torch.nn.Module, t: torch.Tensor, entries: tuple[int, ...
     whose coefficients are all 0 untouched). Under torch.compile Inductor fuses this gather +
     multiply-add into the neighbouring kernels instead of launching one of its own."""
     T, D = t.shape
+    torch._check(T <= module.xmix_tok_slot.shape[0])  # (fill() guarantees it; keeps [:T] exactly T long)
     coef = module.xmix_coef.index_select(0, module.xmix_tok_slot[:T].long())  # [T, E_total]
     acc = None
     on = None
@@ -63,10 +64,20 @@ def _fused_add(module: torch.nn.Module, t: torch.Tensor, entries: tuple[int, ...
     return torch.where(on, (t.float() + acc).to(t.dtype), t)
 
 
+def _freezing() -> bool:
+    try:
+        from torch._inductor import config
+    except Exception:  # pragma: no cover
+        return False
+    return bool(getattr(config, "freezing", False))
+
+
 def _write(module, t: torch.Tensor, other: torch.Tensor | None, site: int, fused: tuple[int, ...]) -> torch.Tensor:
     """``t``: the tensor the write lands on; ``other``: the rest of the hook's value (or None).
     Returns the written tensor (a new one when the fused adds ran, else ``t`` mutated)."""
-    compiled = bool(fused) and torch.compiler.is_compiling()
+    # Inductor freezing (CPU max_autotune sets it while Dynamo traces) would inline the buffers'
+    # contents at compile time (all zero) as constants: then the op applies every entry itself
+    compiled = bool(fused) and torch.compiler.is_compiling() and not _freezing()
     if compiled:
         t = _fused_add(module, t, fused)
     torch.ops.vllm_xmix.hook_write_(t, other, site, compiled)
