@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from itertools import repeat
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -212,7 +213,10 @@ class XmixState:
         st.high_water = 0
         st.forwards = 0
         # reads: per request the read entries on and the prompt length; per step the rows to copy
-        st.req_reads: dict[str, tuple[np.ndarray, int]] = {}
+        st.req_reads: dict[str, tuple[tuple, int]] = {}  # (read entries' _read_info, prompt length)
+        # per read entry, what reads_of needs, as plain Python values (no attribute lookups per step)
+        st._read_info = {i: (e.positions, e.col, e.width, "probe" if e.kind in (PROBE, COSINE) else e.positions,
+                             e.app, e.name, e.layer) for i, e in enumerate(st.entries) if e.is_read}
         st._step_pos: dict[str, int] = {}
         st._step_reads: list[tuple] = []  # (req_id, first row, n rows, first position, read entries, P)
         st._snapshots: list = []
@@ -403,7 +407,7 @@ class XmixState:
                     self.req_prompt[nr.req_id] = list(nr.prompt_token_ids)
                 reads = np.flatnonzero(self.returned_mask & (row != 0))
                 if reads.size:
-                    self.req_reads[nr.req_id] = (reads, P)
+                    self.req_reads[nr.req_id] = (tuple(self._read_info[e] for e in reads.tolist()), P)
         # absolute position of the first scheduled token of each request with apps (alignment of
         # reads and conditions: chunked prefill, recompute and async scheduling come through here)
         self._step_pos = {}
@@ -469,7 +473,13 @@ class XmixState:
             self._set_active(False)
             return  # fast path: no app on anywhere; tok_slot is all null already
         n_req = len(num_scheduled_tokens)
-        slots = np.fromiter((self._slot_for(r) for r in req_ids[:n_req]), dtype=np.int32, count=n_req)
+        ids = req_ids[:n_req]
+        # per-request Python kept off the common path (every request with a row already has a slot)
+        slots = np.fromiter(map(self.req_slot.get, ids, repeat(NULL_SLOT)), dtype=np.int32, count=n_req)
+        # slots exist only for requests with a row (req_slot keys are a subset of req_rows keys)
+        if len(self.req_slot) < len(self.req_rows):  # some request with apps on has no slot yet
+            for i in np.flatnonzero(slots == NULL_SLOT).tolist():
+                slots[i] = self._slot_for(ids[i])
         T = int(num_scheduled_tokens.sum())
         any_on = bool(slots.any())
         self._set_active(any_on)
@@ -487,7 +497,7 @@ class XmixState:
         self.tok_slot[:n].copy_(stage.tok[:n], non_blocking=True)
         row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])[:-1]])  # first row of each request
         if self.has_cond:  # absolute position of every token (0 for app-free tokens and padding)
-            starts = np.fromiter((self._step_pos.get(r, 0) for r in req_ids[:n_req]), dtype=np.int64, count=n_req)
+            starts = np.fromiter(map(self._step_pos.get, ids, repeat(0)), dtype=np.int64, count=n_req)
             pos = stage.pos.numpy()
             pos[:T] = np.repeat(starts - row0, num_scheduled_tokens[:n_req]) + np.arange(T)
             pos[:T][tok[:T] == NULL_SLOT] = 0
@@ -589,19 +599,16 @@ class XmixState:
         out: dict[str, list] = {}
         for rid, r0, n, pos0, reads, P in rows:
             chunks = out.setdefault(rid, [])
-            for e_idx in reads:
-                e = self.entries[e_idx]
+            for positions, col, width, tag, app, name, layer in reads:  # tag "probe": one float per position
                 lo, hi = pos0, pos0 + n  # positions covered this step
-                if e.positions == "generated":
+                if positions == "generated":
                     lo = max(lo, P - 1)
-                elif e.positions == "last":
+                elif positions == "last":
                     lo, hi = max(lo, P - 1), min(hi, P)
                 if hi <= lo:
                     continue
-                block = vals[r0 + lo - pos0: r0 + hi - pos0, e.col: e.col + e.width]
-                tag = "probe" if e.kind in (PROBE, COSINE) else e.positions  # one float per position
-                chunks.append((e.app, e.name, e.layer, tag, lo, hi - lo, e.width,
-                               np.ascontiguousarray(block).tobytes()))
+                block = vals[r0 + lo - pos0: r0 + hi - pos0, col: col + width]
+                chunks.append((app, name, layer, tag, lo, hi - lo, width, block.tobytes()))
         return out
 
     def _next_stage(self) -> _Stage:
