@@ -15,22 +15,29 @@ What it does, for a model config from benchmarks/models (dummy weights, no downl
    overrides (benchmarks/_vllm_cli.py).
 2. Starts two servers on the same GPU at once (each `--gpu-memory-utilization` 0.42 by
    default): vanilla (`VLLM_PLUGINS=""`, no `--additional-config`) and xmix (all apps deployed
-   with `--additional-config`). Default vLLM settings otherwise: torch.compile,
+   through vLLM's `--config` YAML, `additional-config:`; vectors in safetensors files: an
+   inline deployment can exceed the OS limit on one argument). Default vLLM settings otherwise: torch.compile,
    FULL_AND_PIECEWISE CUDA graphs, prefix caching and chunked prefill on.
 3. For each request rate, `--repeats` rounds; in each round every configuration once, in order
    (vanilla, inactive, app1, app2, ..., i.e. A B A B across rounds so drift cancels), after one
    discarded warm-up round. A configuration is a server plus the per-request `--extra-body`
-   (`{"vllm_xargs": {"xmix": [...]}}`).
+   (`{"vllm_xargs": {"xmix": [...]}}`). `vllm bench serve` runs in this process (its parser
+   and `main`), and every run replaces the first token of each prompt with a fresh one, so no
+   run is served from another run's prefix cache (`_vllm_cli.RUN_MARK`).
 4. Writes `results.json` (every run; an invocation with other --rates / --configs adds to it,
    so a long sweep can be split over several GPU calls), `summary.md` (per model and rate:
    metric medians and the ratio to vanilla with a bootstrap 95% CI over rounds) and
    `overhead.png` (`--summarize` rebuilds both from results.json, e.g. on a machine with
    matplotlib).
 
-usage (H200, kit sourced; `vllm` CLI available there):
+`--profile CONFIG`: afterwards one run of vanilla and of CONFIG under vLLM's torch profiler
+(`--profiler-config`, `vllm bench serve --profile`); vLLM's per-kernel tables are kept as
+`profile_<config>.txt`.
+
+usage (H200, kit sourced):
   python3 benchmarks/serve_bench.py --model benchmarks/models/llama31_8b --out $OUT/serve \
       --rates 8,32,inf --repeats 3
-Configurations: see CONFIGS; --configs selects a subset.
+Configurations: see `apps_for` / `configs_for`; --configs selects a subset.
 """
 
 from __future__ import annotations
