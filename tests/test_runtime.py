@@ -83,3 +83,55 @@ def test_graph_variant_follows_the_step_and_dummy_forwards_clear_the_slot_table(
         assert st.active is True
     step(st, cached=["a", "off"])
     assert st.active is True
+
+
+def _fake_config(st):
+    from vllm_xmix.runtime import STATE_KEY
+
+    return NS(compilation_config=NS(static_forward_context={STATE_KEY: st}, cudagraph_num_of_warmups=1))
+
+
+def test_v1_capture_runs_both_variants():
+    """vLLM's V1 ``_warmup_and_capture`` (graph capture and graph-memory profiling) runs once per
+    variant, app-free first, with the state saying which variant is being captured."""
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    load_general_plugins()
+    st = state()
+    seen = []
+    vc = _fake_config(st)
+    runner = NS(vllm_config=vc, compilation_config=vc.compilation_config,
+                _dummy_run=lambda *a, **k: seen.append((st.active, st.capturing_variants, k.get("is_graph_capturing"))))
+    desc = NS(num_tokens=8, uniform=False, num_active_loras=0)
+    GPUModelRunner._warmup_and_capture(runner, desc, cudagraph_runtime_mode=NS(name="PIECEWISE"))
+    assert seen == [(False, True, None), (False, True, True), (True, True, None), (True, True, True)]
+    assert st.active is True and st.capturing_variants is False
+
+
+def test_graph_wrapper_keeps_one_table_per_variant():
+    """The patched ``CUDAGraphWrapper.__call__`` looks graphs up in the table of the step's
+    variant; a wrapper first called during a variant capture gets two tables; a table that vLLM
+    replaced (elastic EP re-capture) drops the variant tables."""
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    st = state()
+    w = NS(vllm_config=_fake_config(st), runnable=lambda: "ran", concrete_cudagraph_entries={})
+    first = w.concrete_cudagraph_entries
+    assert CUDAGraphWrapper.__call__(w) == "ran"  # no forward context: runs the runnable
+    assert "_xmix_tables" not in w.__dict__  # called outside a variant capture: one table
+    with st.capture_variant(False):
+        CUDAGraphWrapper.__call__(w)
+    tables = w._xmix_tables
+    assert tables[True] is first and w.concrete_cudagraph_entries is tables[False] is not first
+    st.active = True
+    CUDAGraphWrapper.__call__(w)
+    assert w.concrete_cudagraph_entries is first
+    st.active = False
+    CUDAGraphWrapper.__call__(w)
+    assert w.concrete_cudagraph_entries is tables[False]
+    w.concrete_cudagraph_entries = {}  # vLLM releases the graphs
+    CUDAGraphWrapper.__call__(w)
+    assert w._xmix_tables is None
