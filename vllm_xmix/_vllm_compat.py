@@ -580,7 +580,7 @@ def _patch_graph_variants() -> None:
     then captured, and run, in every step: correct, only not free). The ops themselves return
     without launching when ``active`` is False (``ops.hook_write_``), which is what the app-free
     graphs record. ``VLLM_USE_BREAKABLE_CUDAGRAPH`` keeps its own graph tables: variants are
-    turned off there (``validate_engine_config``)."""
+    turned off there (``XmixState.build``)."""
     from vllm.compilation.cuda_graph import CUDAGraphWrapper
 
     def wrap_call(orig):

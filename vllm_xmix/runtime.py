@@ -551,7 +551,7 @@ class XmixState:
             self.tok_slot[: self.high_water].zero_()
             self.high_water = 0
         if not self.capturing_variants:
-            self.active = not self.variants_enabled
+            self._set_active(False)
 
     @contextlib.contextmanager
     def capture_variant(self, on: bool):

@@ -39,7 +39,8 @@ import torch
 RESIDUAL_HOOKS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 
 
-#: names of the runtime's buffers on each hooked module (the same tensors on every module): as
+#: names of the runtime's buffers on each module whose hook has fused adds (the same tensors on
+#: every such module): as
 #: module buffers they are graph inputs that torch.compile traces (stable addresses for CUDA
 #: graphs; the AOT cache rebinds them from the module), so the fused adds below are visible to
 #: Inductor
@@ -116,9 +117,11 @@ def _resid_post(site: int, fused, module, args, output):
 
 
 def _register_buffers(module: torch.nn.Module, state) -> None:
+    """The runtime's buffers as (non-persistent) buffers of a module whose hook emits fused adds."""
+    if hasattr(module, "xmix_coef"):
+        return
     for name in _BUFFERS:
-        if not hasattr(module, f"xmix_{name}"):
-            module.register_buffer(f"xmix_{name}", getattr(state, name), persistent=False)
+        module.register_buffer(f"xmix_{name}", getattr(state, name), persistent=False)
     state.buffer_modules.append(module)  # XmixState.verify_hooks_fired: still the same tensors?
 
 
@@ -135,7 +138,8 @@ def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, *, att
         if s is None:
             return
         fused = state.site_fused[s]
-        _register_buffers(module, state)
+        if fused:
+            _register_buffers(module, state)
         f = functools.partial(fn, s, fused)
         if pre:
             module.register_forward_pre_hook(f, with_kwargs=with_kwargs)
