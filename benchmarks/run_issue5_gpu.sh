@@ -10,8 +10,10 @@
 #   B2: serving, Llama: GPU0 rate inf, every configuration | GPU1 rate 16 (subset)
 #   C2: GPU0 serving Qwen3-8B rate inf (subset) | GPU1 serving Llama rate inf, VLLM_XMIX_GRAPH_VARIANTS=0
 #   P2: vLLM torch-profiler tables (CUDA time per kernel) at rate 16: vanilla vs steer_all | vanilla vs probe_one
+#   P3: GPU0 profiles at rate 16 with per-step summaries (trace_steps.py): vanilla vs steer_all, probe_one, cast
+#       | GPU1 run_issue3_gpu.sh mixtral (graphs vs eager on the V1 model runner: its graph-variant capture)
 #   D2: GPU0 graphs vs eager + decode lines (xmix) | GPU1 serving rate 16 (subset): re-measure after a change
-# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|kernels
+# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|kernels
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -69,6 +71,15 @@ case "${1:-A2}" in
     XMIX_SERVE_TAG=_prof1 serve 1 $LL 500 --rates 16 --repeats 0 --configs probe_one --profile probe_one --port 8201 &
     wait
     cp /root/xmix-serve/llama31_8b_prof*/profile_*.txt "$L/" 2>/dev/null ;;
+  P3)  # per-step profile summaries | Mixtral graphs vs eager (V1 runner)
+    XMIX_SERVE_TAG=_prof serve 0 $LL ${P3_T:-560} --rates 16 --repeats 0 --configs steer_all,probe_one,cast \
+        --profile steer_all,probe_one,cast &
+    (mkdir -p "$L/mixtral"; CUDA_VISIBLE_DEVICES=1 OUT="$L/mixtral" timeout ${MIX_T:-570} bash benchmarks/run_issue3_gpu.sh mixtral \
+        > "$L/mixtral.log" 2>&1; echo "mixtral rc=$?" >> "$L/rc.txt") &
+    wait
+    cp /root/xmix-serve/llama31_8b_prof/profile_*.txt /root/xmix-serve/llama31_8b_prof/trace_*.json \
+        /root/xmix-serve/llama31_8b_prof/trace_*_vs_vanilla.md "$L/" 2>/dev/null
+    cat "$L"/trace_*_vs_vanilla.md 2>/dev/null | head -c 9000; tail -n 5 "$L/mixtral.log" ;;
   C2)  # GPU0 Qwen3-8B rate inf subset | GPU1 Llama rate inf without graph variants (before/after)
     serve 0 $QW ${C2_T:-560} --rates inf --repeats 2 --configs inactive,steer_one,steer_all,probe_one,all_apps &
     (export VLLM_XMIX_GRAPH_VARIANTS=0 XMIX_SERVE_TAG=_novariants

@@ -30,10 +30,14 @@ What it does, for a model config from benchmarks/models (dummy weights, no downl
    `overhead.png` (`--summarize` rebuilds both from results.json, e.g. on a machine with
    matplotlib).
 
-`--profile CONFIG`: afterwards one run of vanilla and of CONFIG under vLLM's torch profiler
-(`--profiler-config`, `vllm bench serve --profile`); vLLM's per-kernel tables (CUDA time on a
-GPU, CPU time on a CPU) are kept as `profile_<config>.txt`, the raw traces stay in
-`prof_vanilla/` and `prof_xmix/`. `--repeats 0` runs the warm-up round only (e.g. before a
+`--profile CONFIGS`: afterwards one run of vanilla and of each listed configuration under vLLM's
+torch profiler (`--profiler-config`, `vllm bench serve --profile`; engine steps
+`--profile-steps DELAY,MAX`, front end not profiled); vLLM's per-kernel tables (CUDA time on a
+GPU, CPU time on a CPU) are kept as `profile_<config>.txt`, each trace's per-step summary
+(`benchmarks/trace_steps.py`: CPU and GPU time, kernels and interval per step, by decode batch
+size / mixed-step tokens; runtime calls) as `trace_<config>.json`, and
+`trace_<config>_vs_vanilla.md` sets them side by side; the raw traces stay in `prof_vanilla/`
+and `prof_xmix/`. `--repeats 0` runs the warm-up round only (e.g. before a
 profile): nothing is measured, results.json stays empty.
 
 Configurations (`configs_for`; --configs selects a subset, vanilla always runs): vanilla,
@@ -233,6 +237,37 @@ def bench(server: Server, serving_dir: str, dataset: str, rate: str, n: int, out
     return res
 
 
+def profile_run(args, servers, config, name, serving, dataset, rate, k_sets, run_mark) -> None:
+    """One ``vllm bench serve --profile`` run of configuration ``name``; keeps vLLM's per-kernel
+    table as ``<out>/profile_<name>.txt`` and the trace's per-step summary as ``trace_<name>.json``."""
+    import glob
+
+    import trace_steps
+
+    srv, xmix = config
+    sel = k_sets[xmix] if isinstance(xmix, str) else xmix
+    pdir = os.path.join(args.out, f"prof_{srv}")
+    before = set(glob.glob(os.path.join(pdir, "*.pt.trace.json*")))
+    bench(servers[srv], serving, dataset, rate, min(args.num_prompts, 100), args.output_len, sel,
+          os.path.join(args.out, "runs", f"profile_{name}.json"), seed=99, run_mark=run_mark, profile=True)
+    table = os.path.join(pdir, "profiler_out_0.txt")
+    for _ in range(90):  # the worker writes the trace, then the table, when the profiler stops
+        if os.path.exists(table):
+            break
+        time.sleep(2)
+    if os.path.exists(table):
+        shutil.copy(table, os.path.join(args.out, f"profile_{name}.txt"))
+        os.remove(table)
+    new = sorted(set(glob.glob(os.path.join(pdir, "*.pt.trace.json*"))) - before, key=os.path.getmtime)
+    if new:
+        try:
+            json.dump(trace_steps.summarize(new[-1]), open(os.path.join(args.out, f"trace_{name}.json"), "w"), indent=1)
+        except ValueError as e:
+            print(f"profile {name}: {e}", flush=True)
+    print(f"profile {name}: table {'kept' if os.path.exists(os.path.join(args.out, f'profile_{name}.txt')) else 'missing'}, "
+          f"trace {'summarized' if os.path.exists(os.path.join(args.out, f'trace_{name}.json')) else 'missing'}", flush=True)
+
+
 # ------------------------------------------------------------------------------ analysis
 
 
@@ -331,10 +366,15 @@ def main() -> int:
     ap.add_argument("--max-prompt-len", type=int, default=1024)
     ap.add_argument("--server-args", default="", help="extra arguments for both servers (e.g. --enforce-eager)")
     ap.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
-    ap.add_argument("--profile", default="", metavar="CONFIG",
-                    help="after the sweep, one run of vanilla and of CONFIG (at the first rate, at most 100 "
-                         "prompts) under vLLM's torch profiler; its per-kernel CUDA-time tables (vLLM's "
-                         "profiler_out_0.txt) are kept as <out>/profile_<config>.txt")
+    ap.add_argument("--profile", default="", metavar="CONFIGS",
+                    help="after the sweep, one run of vanilla and of each of these configurations (comma-"
+                         "separated; at the first rate, at most 100 prompts) under vLLM's torch profiler: its "
+                         "per-kernel tables (vLLM's profiler_out_0.txt) are kept as <out>/profile_<config>.txt, "
+                         "the per-step summary of the trace (benchmarks/trace_steps.py) as "
+                         "<out>/trace_<config>.json, and <out>/trace_<config>_vs_vanilla.md compares them")
+    ap.add_argument("--profile-steps", default="100,600", metavar="DELAY,MAX",
+                    help="engine steps skipped before the profiler starts, and the most steps it records "
+                         "(vLLM's delay_iterations / max_iterations; 0,0: the whole run)")
     ap.add_argument("--summarize", action="store_true", help="only rebuild summary.md / overhead.png from --out")
     args = ap.parse_args()
     res_path = os.path.join(args.out, "results.json")
@@ -369,7 +409,8 @@ def main() -> int:
                              for i in range(k)])
     apps = apps_for(cfg, os.path.join(os.path.abspath(args.out), "vectors"))
     configs = configs_for(apps)
-    unknown = sorted({*args.configs.split(","), args.profile} - set(configs) - {""})
+    profiled = [c for c in args.profile.split(",") if c]
+    unknown = sorted({*args.configs.split(","), *profiled} - set(configs) - {""})
     if unknown:
         ap.error(f"--configs/--profile: unknown configuration(s) {unknown} for this model; "
                  f"known: {', '.join(configs)}")
@@ -379,11 +420,13 @@ def main() -> int:
     common = ["--gpu-memory-utilization", str(args.gpu_mem), "--max-model-len", str(args.max_model_len),
               "--dtype", args.dtype] + args.server_args.split()
     prof_args = {}
-    if args.profile:
+    if profiled:
+        delay, most = (int(x) for x in args.profile_steps.split(","))
         for srv in ("vanilla", "xmix"):
             prof_args[srv] = ["--profiler-config", json.dumps({
                 "profiler": "torch", "torch_profiler_dir": os.path.join(os.path.abspath(args.out), f"prof_{srv}"),
-                "torch_profiler_with_stack": False, "torch_profiler_use_gzip": True})]
+                "torch_profiler_with_stack": False, "torch_profiler_use_gzip": True, "ignore_frontend": True,
+                "delay_iterations": delay, "max_iterations": most})]
     env_v = dict(os.environ, VLLM_PLUGINS="")
     servers = {"vanilla": Server("vanilla", serving, args.port, os.path.join(args.out, "vanilla.log"),
                                  common + prof_args.get("vanilla", []), env_v)}
@@ -416,25 +459,20 @@ def main() -> int:
                         runs.append({"rate": rate, "round": rnd, "config": name, "title": title,
                                      "result": {k: res[k] for k in (m[0] for m in METRICS)}})
                 json.dump(runs, open(res_path, "w"))
-        if args.profile:  # where the time goes: per-kernel CUDA time, vanilla vs one configuration
+        if profiled:  # where the time goes: vanilla vs each profiled configuration, same rate and prompts
             rate = args.rates.split(",")[0]
-            for name in ("vanilla", args.profile):
-                srv, xmix = configs_for(apps)[name]
-                sel = k_sets[xmix] if isinstance(xmix, str) else xmix
-                f = os.path.join(args.out, "runs", f"profile_{name}.json")
+            for name in ["vanilla"] + profiled:
                 mark += 1
-                bench(servers[srv], serving, dataset, rate, min(args.num_prompts, 100), args.output_len, sel, f,
-                      seed=99, run_mark=(mark * 7919 + os.getpid()) % (cfg["vocab_size"] - 20) + 10, profile=True)
-                table = os.path.join(args.out, f"prof_{srv}", "profiler_out_0.txt")
-                for _ in range(60):  # the worker writes it when the profiler stops
-                    if os.path.exists(table):
-                        break
-                    time.sleep(2)
-                if os.path.exists(table):
-                    shutil.copy(table, os.path.join(args.out, f"profile_{name}.txt"))
-                    os.remove(table)
-                print(f"profile {name}: {'kept' if os.path.exists(os.path.join(args.out, f'profile_{name}.txt')) else 'no table'}",
-                      flush=True)
+                profile_run(args, servers, configs_for(apps)[name], name, serving, dataset, rate, k_sets,
+                            run_mark=(mark * 7919 + os.getpid()) % (cfg["vocab_size"] - 20) + 10)
+            import trace_steps
+
+            for name in profiled:
+                a, b = (os.path.join(args.out, f"trace_{n}.json") for n in ("vanilla", name))
+                if os.path.exists(a) and os.path.exists(b):
+                    md = trace_steps.compare(json.load(open(a)), json.load(open(b)), "vanilla", name)
+                    open(os.path.join(args.out, f"trace_{name}_vs_vanilla.md"), "w").write(md + "\n")
+                    print(f"## {name} vs vanilla (engine steps of the profiled run)\n{md}", flush=True)
     finally:
         for s in servers.values():
             s.stop()
