@@ -107,6 +107,11 @@ def summarize(path: str, max_graph: int = 512) -> dict:
     for e in runtime:
         by_call[e["name"]][0] += 1
         by_call[e["name"]][1] += e["dur"] / 1e3
+    xmix_ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # the plugin's ops, host side
+    for e in ev:
+        if e.get("cat") == "cpu_op" and "vllm_xmix" in e["name"]:
+            xmix_ops[e["name"]][0] += 1
+            xmix_ops[e["name"]][1] += e["dur"] / 1e3
     span = (cpu_steps[-1]["ts"] + cpu_steps[-1]["dur"] - cpu_steps[0]["ts"]) / 1e3
     busy = sum(k["dur"] for k in kernels) / 1e3
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1][1])[:40]
@@ -117,6 +122,7 @@ def summarize(path: str, max_graph: int = 512) -> dict:
         "kernels_top": [{"name": n[:120], "count": c, "ms": round(t, 3)} for n, (c, t) in top],
         "runtime_calls": {n: {"count": c, "ms": round(t, 3)} for n, (c, t) in
                           sorted(by_call.items(), key=lambda kv: -kv[1][1])},
+        "xmix_cpu_ops": {n: {"count": c, "ms": round(t, 3)} for n, (c, t) in xmix_ops.items()},
         "sync_calls": {n: v for n, v in ((n, {"count": c, "ms": round(t, 3)}) for n, (c, t) in by_call.items())
                        if any(n.startswith(s) for s in SYNC_CALLS)},
     }
@@ -134,7 +140,7 @@ def compare(a: dict, b: dict, la: str = "A", lb: str = "B") -> str:
                    f"| {sa.get('interval_ms')} | {sb.get('interval_ms')} "
                    f"| {pct(sa.get('interval_ms'), sb.get('interval_ms'))} |")
     out += ["", f"GPU busy fraction {la} {a['gpu_busy_fraction']} / {lb} {b['gpu_busy_fraction']}; "
-            f"steps {a['n_steps']} / {b['n_steps']}", "", f"| runtime call | count {la} | {lb} | ms {la} | {lb} |",
+            f"steps {a['n_steps']} / {b['n_steps']}; plugin ops on the host ({lb}): {b.get('xmix_cpu_ops')}", "", f"| runtime call | count {la} | {lb} | ms {la} | {lb} |",
             "|---|---|---|---|---|"]
     calls = sorted(set(a["runtime_calls"]) | set(b["runtime_calls"]),
                    key=lambda n: -max(a["runtime_calls"].get(n, {}).get("ms", 0), b["runtime_calls"].get(n, {}).get("ms", 0)))
