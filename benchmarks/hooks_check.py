@@ -146,15 +146,18 @@ def run(args) -> None:
             first = next(iter(res["reads"][name][0]))
             if name != "capture_mid":
                 assert all(len(r[first]) == k for r, k in zip(res["reads"][name], n_pos)), f"{name}: value count"
-    # graph variants: a batch where half the requests have an app on (with different output
-    # lengths, so later steps hold app-free requests only) must give each request its solo tokens
-    mixed_names = [("add_resid_post" if i % 2 == 0 else "none") for i in range(len(prompts))]
-    lens = [args.tokens + (8 if i % 4 == 1 else 0) for i in range(len(prompts))]
+    # graph variants: a batch where half the requests have an app on, different apps (with
+    # different output lengths, so later steps hold fewer apps, then app-free requests only: the
+    # every-site, per-app and app-free variants in turn) must give each request its solo tokens
+    kinds = [k for k in ("add_resid_post", "seal", "ablate_all", "cast") if k in names]
+    mixed_names = [(kinds[(i // 2) % len(kinds)] if i % 2 == 0 else "none") for i in range(len(prompts))]
+    lens = [args.tokens + (8 if i % 4 == 1 else 4 if i % 4 == 0 else 0) for i in range(len(prompts))]
     outs = llm.generate(prompts, [sp(nm, k) for nm, k in zip(mixed_names, lens)], use_tqdm=False)
     mixed = [list(o.outputs[0].token_ids)[: args.tokens] for o in outs]
     solo = [res["tokens"][nm][i] for i, nm in enumerate(mixed_names)]
     res["mixed_equals_solo"] = sum(x == y for x, y in zip(mixed, solo))
-    print("MIXED", res["mixed_equals_solo"], "/", len(prompts), flush=True)
+    res["mixed_kinds"] = kinds
+    print("MIXED", res["mixed_equals_solo"], "/", len(prompts), kinds, flush=True)
     # teacher forcing: prompt + generated[:-1] as one prompt, probe values must line up
     tf = {}
     for name in ("probe_mid", "probe_all"):
@@ -198,7 +201,7 @@ def compare(a_path: str, b_path: str) -> None:
               f"median {np.median(errs):.3g}")
     for tag, r in (("A", a), ("B", b)):
         print(f"teacher-forced alignment {tag}: {r.get('teacher_forced')}")
-        print(f"mixed batch (half with add_resid_post) == solo {tag}: {r.get('mixed_equals_solo')}/{len(base)}")
+        print(f"mixed batch (half with apps {r.get('mixed_kinds', ['add_resid_post'])}) == solo {tag}: {r.get('mixed_equals_solo')}/{len(base)}")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@
 #   P2: vLLM torch-profiler tables (CUDA time per kernel) at rate 16: vanilla vs steer_all | vanilla vs probe_one
 #   P3: GPU0 profiles at rate 16 with per-step summaries (trace_steps.py): vanilla vs steer_all, probe_one, cast
 #       | GPU1 run_issue3_gpu.sh mixtral (graphs vs eager on the V1 model runner: its graph-variant capture)
+#   E3: per-app graph variants: GPU0 graphs vs eager | GPU1 serving rate 16 (subset)
+#   F3: GPU0 profiles at rate 16 (vanilla vs steer_all, cast) | GPU1 decode lines (xmix, inactive = baseline)
 #   D2: GPU0 graphs vs eager + decode lines (xmix) | GPU1 serving rate 16 (subset): re-measure after a change
-# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|kernels
+# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|E3|F3|kernels
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -71,6 +73,21 @@ case "${1:-A2}" in
     XMIX_SERVE_TAG=_prof1 serve 1 $LL 500 --rates 16 --repeats 0 --configs probe_one --profile probe_one --port 8201 &
     wait
     cp /root/xmix-serve/llama31_8b_prof*/profile_*.txt "$L/" 2>/dev/null ;;
+  E3)  # per-app graph variants: correctness and decode | serving rate 16
+    hooks 0 ${HOOKS_T:-250} &
+    (XMIX_SERVE_TAG=_r16 serve 1 $LL ${SERVE_T:-560} --rates 16 --repeats 2 --configs inactive,steer_all,probe_one,cast \
+         --port 8201) &
+    wait ;;
+  F3)  # profiles | decode lines
+    XMIX_SERVE_TAG=_prof serve 0 $LL ${P3_T:-420} --rates 16 --repeats 0 --configs steer_all,cast \
+        --profile steer_all,cast --profile-steps 150,300 &
+    (CUDA_VISIBLE_DEVICES=1 timeout ${DEC_T:-420} python3 benchmarks/spine_check.py --model $LL --mode xmix --with-probe \
+         --with-cond --on-scales 0.5 --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput \
+         --out "$L/decode_xmix.json" > "$L/decode_xmix.log" 2>&1; echo "decode xmix rc=$?" >> "$L/rc.txt") &
+    wait
+    cp /root/xmix-serve/llama31_8b_prof/profile_*.txt /root/xmix-serve/llama31_8b_prof/trace_*.json \
+        /root/xmix-serve/llama31_8b_prof/trace_*_vs_vanilla.md "$L/" 2>/dev/null
+    cat "$L"/trace_*_vs_vanilla.md 2>/dev/null | head -c 7000 ;;
   P3)  # per-step profile summaries | Mixtral graphs vs eager (V1 runner)
     XMIX_SERVE_TAG=_prof serve 0 $LL ${P3_T:-560} --rates 16 --repeats 0 --configs steer_all,probe_one,cast \
         --profile steer_all,probe_one,cast &
@@ -87,7 +104,7 @@ case "${1:-A2}" in
     wait ;;
 esac
 cat "$L/rc.txt" 2>/dev/null
-grep -h "RESULT" "$L"/decode_*.log 2>/dev/null | cut -c1-600
+grep -h "RESULT\|DECODE" "$L"/decode_*.log 2>/dev/null | cut -c1-600
 tail -n 3 "$L/kernels.log" "$L/hooks_compare.txt" 2>/dev/null
 tail -n 30 "$L"/serve_*.log 2>/dev/null | grep -v "^$" | tail -n 40
 tar czf "$OUT/${1:-A2}.tgz" -C /tmp/xmix-logs "${1:-A2}"

@@ -162,6 +162,7 @@ def main() -> None:
                         times[c].append((time.perf_counter() - t) / 256 * 1e3)
             dec[str(b)] = {name[c]: dict(runs=[round(x, 4) for x in v], median=round(statistics.median(v), 4))
                            for c, v in times.items()}
+            print("DECODE", b, json.dumps({k: v["median"] for k, v in dec[str(b)].items()}), flush=True)
         res["decode_ms_per_step"] = dec
     with open(args.out, "w") as f:
         json.dump(res, f)

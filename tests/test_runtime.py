@@ -91,9 +91,10 @@ def _fake_config(st):
     return NS(compilation_config=NS(static_forward_context={STATE_KEY: st}, cudagraph_num_of_warmups=1))
 
 
-def test_v1_capture_runs_both_variants():
+def test_v1_capture_runs_every_variant():
     """vLLM's V1 ``_warmup_and_capture`` (graph capture and graph-memory profiling) runs once per
-    variant, app-free first, with the state saying which variant is being captured."""
+    variant, app-free first, with the state saying which variant is being captured (one app
+    here: app-free and every site)."""
     from vllm.plugins import load_general_plugins
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -125,13 +126,96 @@ def test_graph_wrapper_keeps_one_table_per_variant():
     with st.capture_variant(False):
         CUDAGraphWrapper.__call__(w)
     tables = w._xmix_tables
-    assert tables[True] is first and w.concrete_cudagraph_entries is tables[False] is not first
-    st.active = True
+    assert tables[st.all_mask] is first and w.concrete_cudagraph_entries is tables[0] is not first
+    st.run_mask = st.all_mask
     CUDAGraphWrapper.__call__(w)
     assert w.concrete_cudagraph_entries is first
-    st.active = False
+    st.run_mask = 0
     CUDAGraphWrapper.__call__(w)
-    assert w.concrete_cudagraph_entries is tables[False]
+    assert w.concrete_cudagraph_entries is tables[0]
+    st.run_mask = 0b10  # a variant that was never captured: loud, never another variant's graphs
+    with pytest.raises(RuntimeError, match="no CUDA graphs were captured for hook variant"):
+        CUDAGraphWrapper.__call__(w)
+    st.run_mask = 0
     w.concrete_cudagraph_entries = {}  # vLLM releases the graphs
     CUDAGraphWrapper.__call__(w)
     assert w._xmix_tables is None
+
+
+def multi_state(fused_mode=None):
+    """Four apps at distinct sites of a 4-layer model: a steering add at resid_post of every
+    layer (fusible), a directional ablation at resid_pre of layer 2, a probe at resid_post of
+    layer 1 (shares that site with the add), a SEAL-style add on token ids (embedding bookkeeping)."""
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.runtime import XmixState
+    from vllm_xmix.spec import parse_deployment
+
+    apps = [MIApp("steer_all"), MIApp("ablate"), MIApp("probe"), MIApp("seal")]
+    apps[0].write("add", vector=unit_rms(0)).layers("all").submodule("hook_resid_post")
+    apps[1].write("ablate", vector=unit_rms(1)).layers([2]).submodule("hook_resid_pre")
+    apps[2].read("linear_probe", weight=unit_rms(2)).layers([1]).submodule("hook_resid_post")
+    apps[3].write("add", vector=unit_rms(3)).layers([3]).submodule("hook_mlp_out").cond(tokens=[5, 6])
+    st = XmixState.build(parse_deployment(deploy(*apps)["xmix"]), 4, 64, torch.device("cpu"), 64, 8,
+                         vocab_size=32, max_model_len=64)
+    st.fused_mode = fused_mode
+    return st
+
+
+def req(rid, *apps):
+    sp = NS(extra_args={"xmix": {"apps": [{"name": a} for a in apps]}})
+    return NS(req_id=rid, sampling_params=sp, prompt_token_ids=[1, 2, 3], num_computed_tokens=0)
+
+
+def sites_of(st, mask):
+    names = {sid: n for sid, n in st.site_names.items() if (mask >> sid) & 1}
+    return sorted(names.values()) + (["tokens"] if (mask >> st.tok_unit) & 1 else [])
+
+
+def test_per_app_variants_run_only_the_sites_of_the_apps_on():
+    """One CUDA-graph variant per deployed app (compiled semantics: the fusible steering adds
+    need no op, so steer_all shares the app-free variant); a step replays the smallest variant
+    covering every registered request's apps; two apps at once fall back to every site."""
+    st = multi_state(fused_mode=True)
+    variants = st.graph_variants()
+    assert variants[0] == 0 and variants[-1] == st.all_mask
+    assert [sites_of(st, m) for m in variants[1:-1]] == [
+        ["blocks.2.hook_resid_pre"], ["blocks.1.hook_resid_post"], ["blocks.3.hook_mlp_out", "tokens"]]
+    step(st, new_reqs=[req("a", "steer_all")])
+    assert st.run_mask == 0  # the adds are inside the compiled graph: no op runs at all
+    step(st, new_reqs=[req("b", "probe")], cached=["a"])
+    assert sites_of(st, st.run_mask) == ["blocks.1.hook_resid_post"]
+    assert not st.runs(st.sites[(2, "hook_resid_pre")], fused=False)  # the ablation's op does not run
+    assert st.runs(st.sites[(1, "hook_resid_post")], fused=True)
+    step(st, new_reqs=[req("c", "seal")], cached=["a", "b"])  # probe + seal: no single-app variant covers it
+    assert st.run_mask == st.all_mask
+    step(st, finished=["b", "c"], cached=["a"])
+    assert st.run_mask == 0
+    step(st, new_reqs=[req("d", "ablate", "steer_all")], cached=["a"])
+    assert sites_of(st, st.run_mask) == ["blocks.2.hook_resid_pre"]
+    step(st, finished=["a", "d"])
+    assert st.run_mask == 0  # nothing registered
+
+
+def test_variants_without_compiled_graph_and_when_turned_off(monkeypatch):
+    """Eager forwards apply the steering adds in the op, so steer_all needs its sites; without
+    captured graphs a step runs exactly the sites its requests need; an eager call on a fused
+    site in a compiled engine still runs where a request needs it; VLLM_XMIX_GRAPH_VARIANTS
+    'onoff' / '0' / a bad value."""
+    st = multi_state(fused_mode=None)  # before any forward: eager semantics (a superset)
+    step(st, new_reqs=[req("a", "steer_all"), req("b", "probe")])
+    assert sites_of(st, st.run_mask) == [f"blocks.{L}.hook_resid_post" for L in range(4)]
+    site = st.sites[(0, "hook_resid_post")]
+    assert st.runs(site, fused=False) and st.fused_mode is False
+    st = multi_state(fused_mode=True)
+    step(st, new_reqs=[req("a", "steer_all")])
+    assert st.run_mask == 0 and not st.runs(site, fused=True)
+    assert st.runs(site, fused=False)  # an eager forward: the adds are the op's to apply
+    monkeypatch.setenv("VLLM_XMIX_GRAPH_VARIANTS", "onoff")
+    assert multi_state(fused_mode=True).graph_variants() == [0, multi_state().all_mask]
+    monkeypatch.setenv("VLLM_XMIX_GRAPH_VARIANTS", "0")
+    st = multi_state(fused_mode=True)
+    step(st, new_reqs=[])
+    assert st.run_mask == st.all_mask  # off: every step runs every site
+    monkeypatch.setenv("VLLM_XMIX_GRAPH_VARIANTS", "some")
+    with pytest.raises(ValueError, match="VLLM_XMIX_GRAPH_VARIANTS"):
+        multi_state()

@@ -109,9 +109,11 @@ def test_app_free_steps_launch_nothing(steer_llm, hf, monkeypatch):
     before = dict(st.variant_steps)
     off = gen(steer_llm, PROMPTS[:2], sp())
     assert not launches, "an app-free step launched hook kernels"
-    assert st.variant_steps[False] > before[False] and st.variant_steps[True] == before[True]
+    ran = lambda: sum(v for m, v in st.variant_steps.items() if m)  # noqa: E731  (steps with some op on)
+    assert st.variant_steps[0] > before.get(0, 0) and ran() == sum(v for m, v in before.items() if m)
     mixed = gen(steer_llm, PROMPTS[:2], [sp(), sp([{"name": "happy"}])])
-    assert st.variant_steps[True] > before[True]
+    if steer_llm.mode == "eager":
+        assert ran() > sum(v for m, v in before.items() if m)
     if steer_llm.mode == "eager":
         assert launches, "a step with an app on ran no hook kernel"
     else:  # compiled: unconditional adds are torch ops fused by Inductor, no kernel of ours

@@ -564,22 +564,24 @@ def _state_of_config(vllm_config):
 
 
 def _patch_graph_variants() -> None:
-    """CUDA graphs captured twice, with the hook ops (``XmixState.active``) and without, the way
-    vLLM specializes graphs on LoRA (``cudagraph_specialize_lora``); a step where no token has an
-    app on replays the graph without them, so deployed-but-off apps launch nothing.
+    """CUDA graphs captured once per hook variant (``XmixState.graph_variants``: without any hook
+    op, with the ops of one deployed app, with every op), the way vLLM specializes graphs on LoRA
+    (``cudagraph_specialize_lora``); a step where no token has an app on replays the graphs
+    without them, so deployed-but-off apps launch nothing, and a step with one app on launches
+    that app's ops only.
 
     * ``CUDAGraphWrapper`` (piecewise graphs of both runners, FULL graphs of the V1 runner): a
       wrapper that was called while variants were being captured keeps one entry table per
-      variant and uses the table of the current step's variant;
+      variant (keyed by its run mask) and uses the table of the current step's variant;
     * V1 ``GPUModelRunner._warmup_and_capture`` (capture and graph-memory profiling): each batch
-      descriptor is captured for both variants;
+      descriptor is captured for every variant;
     * V2 ``ModelCudaGraphManager.capture`` / ``CudaGraphManager.run_fullgraph``: the whole
       capture runs once per variant into its own graph table; replay picks the step's.
 
     A wrapper never called during a variant capture keeps its single table (the hook ops are
     then captured, and run, in every step: correct, only not free). The ops themselves return
-    without launching when ``active`` is False (``ops.hook_write_``), which is what the app-free
-    graphs record. ``VLLM_USE_BREAKABLE_CUDAGRAPH`` keeps its own graph tables: variants are
+    without launching when their site is not in the variant's run mask (``XmixState.runs``),
+    which is what each variant's graphs record. ``VLLM_USE_BREAKABLE_CUDAGRAPH`` keeps its own graph tables: variants are
     turned off there (``XmixState.build``)."""
     from vllm.compilation.cuda_graph import CUDAGraphWrapper
 
@@ -592,9 +594,15 @@ def _patch_graph_variants() -> None:
                 if tables is not None and not any(self.concrete_cudagraph_entries is t for t in tables.values()):
                     tables = self.__dict__["_xmix_tables"] = None  # vLLM replaced the table (elastic EP re-capture)
                 if tables is None and st.capturing_variants:
-                    tables = self.__dict__["_xmix_tables"] = {True: self.concrete_cudagraph_entries, False: {}}
+                    tables = self.__dict__["_xmix_tables"] = {st.all_mask: self.concrete_cudagraph_entries}
                 if tables is not None:
-                    self.concrete_cudagraph_entries = tables[st.active]
+                    t = tables.get(st.run_mask)
+                    if t is None:
+                        if not st.capturing_variants:
+                            raise RuntimeError(f"vllm_xmix: no CUDA graphs were captured for hook variant "
+                                               f"{st.run_mask:#x} (captured: {[hex(m) for m in tables]})")
+                        t = tables[st.run_mask] = {}
+                    self.concrete_cudagraph_entries = t
             return orig(self, *args, **kwargs)
 
         return __call__
@@ -619,9 +627,11 @@ def _patch_graph_variants() -> None:
             st = _state_of_config(self.vllm_config)
             if st is None:
                 return orig(self, desc, *args, **kwargs)
-            with st.capture_variant(False):
-                orig(self, desc, *args, **kwargs)
-            with st.capture_variant(True):
+            *rest, last = st.graph_variants()  # app-free first, every site last
+            for mask in rest:
+                with st.capture_variant(mask):
+                    orig(self, desc, *args, **kwargs)
+            with st.capture_variant(last):
                 return orig(self, desc, *args, **kwargs)
 
         return _warmup_and_capture
@@ -641,13 +651,13 @@ def _patch_graph_variants() -> None:
             if st is None:
                 return orig(self, *args, **kwargs)
             tables = {}
-            for on in (False, True):
+            for mask in st.graph_variants():  # app-free first, every site last
                 self.graphs = {}
-                with st.capture_variant(on):
+                with st.capture_variant(mask):
                     orig(self, *args, **kwargs)
-                tables[on] = self.graphs
+                tables[mask] = self.graphs
             self._xmix_graphs = tables
-            self.graphs = tables[True]
+            self.graphs = tables[st.all_mask]
 
         return capture
 
@@ -657,7 +667,10 @@ def _patch_graph_variants() -> None:
             tables = self.__dict__.get("_xmix_graphs")
             if tables is not None:
                 st = _state_of_config(self.vllm_config)
-                self.graphs = tables[st.active if st is not None else True]
+                mask = st.run_mask if st is not None else max(tables)
+                if mask not in tables:
+                    raise RuntimeError(f"vllm_xmix: no CUDA graphs were captured for hook variant {mask:#x}")
+                self.graphs = tables[mask]
             return orig(self, desc)
 
         return run_fullgraph

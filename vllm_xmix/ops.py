@@ -45,7 +45,7 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: b
     graph (``adapters._residual``), so only the rest is applied here."""
     st = _state()
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
-    if not st.active:  # no token of this step has an app on (or capturing the app-free graphs)
+    if not st.runs(site, fused):  # no app of this step needs this site (graph variants)
         return
     triton_ok = h.is_cuda and HAS_TRITON
     if fused:  # the compiled graph already applied the site's unconditional adds
@@ -89,7 +89,7 @@ def note_tokens_(h: torch.Tensor, input_ids: torch.Tensor) -> None:
     (int) and each token's previous token for token-conditioned writes."""
     st = _state()
     st.token_hook_calls += 1
-    if st.active:
+    if (st.run_mask >> st.tok_unit) & 1:
         st.note_tokens(input_ids)
 
 

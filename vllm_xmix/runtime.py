@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections import Counter
 from itertools import repeat
 from dataclasses import dataclass, field
 
@@ -222,13 +223,26 @@ class XmixState:
         st._snapshots: list = []
         st.verified = False
         st.buffer_modules: list = []  # modules holding the runtime's buffers (adapters._residual)
-        # graph variants (see `active` / `capture_variant`): CUDA graphs are captured twice, with
-        # the hook ops and without; a step where no token has an app on replays the latter
+        # graph variants (see `_set_variant` / `capture_variant` / `graph_variants`): each hook op
+        # runs in a step only if its site's bit is in `run_mask`; CUDA graphs are captured once
+        # per variant (app-free, one per deployed app, every site)
+        st._build_variant_bits()
+        mode = os.environ.get("VLLM_XMIX_GRAPH_VARIANTS", "apps")
+        if mode not in ("0", "1", "apps", "onoff"):
+            raise ValueError(f"VLLM_XMIX_GRAPH_VARIANTS={mode!r}: expected 'apps' (the default), 'onoff' or '0'")
+        st.variants_enabled = mode != "0" and os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "0") != "1"
+        st.variant_mode = "onoff" if mode == "onoff" else "apps"
+        st.max_variants = int(os.environ.get("VLLM_XMIX_MAX_GRAPH_VARIANTS", "8"))
+        st.run_mask = st.all_mask
         st.active = True
-        st.variants_enabled = (os.environ.get("VLLM_XMIX_GRAPH_VARIANTS", "1") != "0"
-                               and os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "0") != "1")
         st.capturing_variants = False
-        st.variant_steps = {True: 0, False: 0}
+        st.variant_steps = Counter()
+        st._variants = None
+        st.captured_masks = []
+        st.fused_mode = None
+        st._row_masks = {}
+        st._need = None
+        st._cover = {}
         pin = dev.type == "cuda"
         st._ring = [
             _Stage(
@@ -401,6 +415,8 @@ class XmixState:
             self._forget(nr.req_id)
             if row is not None:
                 self.req_rows[nr.req_id] = row
+                self._row_masks[nr.req_id] = self._row_bits(row)
+                self._need = None
                 P = len(nr.prompt_token_ids) if nr.prompt_token_ids is not None else len(nr.prompt_embeds)
                 self.req_plen[nr.req_id] = P
                 if self.has_token_cond and nr.prompt_token_ids is not None:
@@ -427,6 +443,8 @@ class XmixState:
 
     def _forget(self, rid: str) -> None:
         self.req_rows.pop(rid, None)
+        if self._row_masks.pop(rid, None) is not None:
+            self._need = None
         self.req_reads.pop(rid, None)
         self.req_plen.pop(rid, None)
         self.req_prompt.pop(rid, None)
@@ -470,7 +488,7 @@ class XmixState:
         """
         self.forwards += 1
         if not self.req_rows and self.high_water == 0 and not self.pending_rows:
-            self._set_active(False)
+            self._set_variant(0)
             return  # fast path: no app on anywhere; tok_slot is all null already
         n_req = len(num_scheduled_tokens)
         ids = req_ids[:n_req]
@@ -482,7 +500,7 @@ class XmixState:
                 slots[i] = self._slot_for(ids[i])
         T = int(num_scheduled_tokens.sum())
         any_on = bool(slots.any())
-        self._set_active(any_on)
+        self._set_variant(self._variant_for(self.need_mask()) if any_on else 0)
         if not any_on and self.high_water == 0 and not self.pending_rows:
             return
         n = max(T, self.high_water)
@@ -529,18 +547,112 @@ class XmixState:
                                 for i, r in enumerate(req_ids[:n_req]) if r in self.req_reads and r in self._step_pos]
 
     # ---------------------------------------------------------------- graph variants
-    def _set_active(self, on: bool) -> None:
-        """Whether this step runs the hook ops (set by :meth:`fill` before the forward).
+    def _build_variant_bits(self) -> None:
+        """Per entry, the hook units (bit ``site``: the site's op; bit ``n_sites``: the embedding's
+        token bookkeeping) it needs to run: in eager forwards every entry needs its site; in
+        compiled ones the unconditional adds (``site_fused``) are applied by torch ops inside the
+        graph and need no op (``_bits_compiled``)."""
+        n = len(self.sites)
+        self.tok_unit = n
+        tok = 1 << n
+        self._bits_eager, self._bits_compiled = [], []
+        for e_idx, e in enumerate(self.entries):
+            sid = self.sites[(e.layer, e.hook)]
+            t = tok if e.ckind in (CK_TOKENS, CK_TOKENS_PREV) else 0
+            self._bits_eager.append((1 << sid) | t)
+            self._bits_compiled.append((0 if e_idx in self.site_fused[sid] else 1 << sid) | t)
+        self.all_mask = 0
+        for b in self._bits_eager:
+            self.all_mask |= b
 
-        With graph variants enabled (the default; ``VLLM_XMIX_GRAPH_VARIANTS=0`` turns them off) a step in which
-        no token belongs to a request with an app on runs without them: the ops return before
-        launching anything (eager and piecewise-compiled steps) and the CUDA-graph wrappers replay
-        the graphs captured that way. This is vLLM's own device for LoRA
-        (``cudagraph_specialize_lora``: separate graphs with and without adapters) applied to MI
-        hooks; cost: every CUDA graph is captured twice. Without variants every step runs them.
+    def _row_bits(self, row: np.ndarray) -> tuple[int, int]:
+        """(eager, compiled) unit masks a coefficient row needs."""
+        e = c = 0
+        for i in np.flatnonzero(row).tolist():
+            e |= self._bits_eager[i]
+            c |= self._bits_compiled[i]
+        return e, c
+
+    def need_mask(self) -> int:
+        """Hook units that the registered requests' apps need (union over requests; compiled
+        semantics once a compiled forward has been seen, else eager semantics, a superset)."""
+        if self._need is None:
+            e = c = 0
+            for a, b in self._row_masks.values():
+                e |= a
+                c |= b
+            self._need = (e, c)
+        return self._need[1] if self.fused_mode else self._need[0]
+
+    def _variant_for(self, need: int) -> int:
+        """The run mask of a step that needs units ``need``: without captured graphs exactly
+        ``need``; with them the smallest captured variant that covers it (every site at worst)."""
+        if not self.captured_masks:
+            return need
+        m = self._cover.get(need)
+        if m is None:
+            m = next((v for v in self.captured_masks if need & ~v == 0), self.all_mask)
+            self._cover[need] = m
+        return m
+
+    def graph_variants(self) -> list[int]:
+        """The variants (run masks) CUDA graphs are captured for, in capture order: app-free
+        first, then one per deployed app whose hook ops differ (``VLLM_XMIX_GRAPH_VARIANTS=apps``,
+        the default; at most ``VLLM_XMIX_MAX_GRAPH_VARIANTS`` variants in all, 8 by default),
+        every site last. ``VLLM_XMIX_GRAPH_VARIANTS=onoff``: app-free and every site only.
+        Fixed at the first call (the first capture); from then on a step with apps on replays
+        the smallest variant that covers the apps of every registered request."""
+        if self._variants is None:
+            bits = self._bits_compiled if self.fused_mode else self._bits_eager
+            masks = [0]
+            if self.variant_mode == "apps":
+                for idxs in self._app_entries.values():
+                    m = 0
+                    for i in idxs:
+                        m |= bits[i]
+                    if m and m != self.all_mask and m not in masks and len(masks) < self.max_variants - 1:
+                        masks.append(m)
+            if self.all_mask not in masks:
+                masks.append(self.all_mask)
+            self._variants = masks
+            self.captured_masks = sorted(masks, key=lambda m: (bin(m).count("1"), m))
+            self._cover = {}
+            logger.info("vllm_xmix: CUDA graphs captured for %d hook variants (app-free, %d per-app, all sites)",
+                        len(masks), len(masks) - 2 if len(masks) > 1 else 0)
+        return self._variants
+
+    def _set_variant(self, mask: int) -> None:
+        """Which hook ops this step runs (set by :meth:`fill` before the forward): a hook op runs
+        only if its site's bit is in ``mask`` (``ops.hook_write_``); CUDA-graph wrappers replay the
+        graphs captured for this mask.
+
+        With graph variants enabled (the default; ``VLLM_XMIX_GRAPH_VARIANTS=0`` turns them off) a
+        step in which no token belongs to a request with an app on runs none of them, and a step
+        with apps on runs the sites of those apps only (the smallest captured variant covering
+        every registered request's apps; without CUDA graphs exactly those sites). This is vLLM's
+        own device for LoRA (``cudagraph_specialize_lora``: separate graphs with and without
+        adapters) applied to MI hooks; cost: every CUDA graph is captured once per variant
+        (:meth:`graph_variants`). Without variants every step runs every site.
         """
-        self.active = on or not self.variants_enabled
-        self.variant_steps[self.active] += 1
+        if not self.variants_enabled:
+            mask = self.all_mask
+        self.run_mask = mask
+        self.active = mask != 0
+        self.variant_steps[mask] += 1
+
+    def runs(self, site: int, fused: bool) -> bool:
+        """Whether the hook op of ``site`` runs in this forward (``fused``: the call comes from a
+        compiled graph that applied the site's unconditional adds itself)."""
+        if self.site_fused[site]:
+            if self.fused_mode is None:  # the first call that tells: compiled (True) or eager
+                self.fused_mode = fused
+                self._cover = {}
+            elif self.fused_mode and not fused:
+                # an eager forward in a compiled engine: the site's unconditional adds are this
+                # op's to apply, so it runs wherever a registered request needs any of its entries
+                self.need_mask()
+                return bool(((self.run_mask | self._need[0]) >> site) & 1)
+        return bool((self.run_mask >> site) & 1)
 
     def dummy_forward(self) -> None:
         """Before a forward that does not go through :meth:`fill` (vLLM's dummy runs: profiling,
@@ -551,17 +663,22 @@ class XmixState:
             self.tok_slot[: self.high_water].zero_()
             self.high_water = 0
         if not self.capturing_variants:
-            self._set_active(False)
+            self._set_variant(0)
 
     @contextlib.contextmanager
-    def capture_variant(self, on: bool):
-        """During CUDA-graph capture: capture the variant with (``on``) or without the hook ops."""
-        prev = self.active, self.capturing_variants
-        self.active, self.capturing_variants = on, True
+    def capture_variant(self, mask: int):
+        """During CUDA-graph capture: capture the variant that runs the hook units in ``mask``
+        (``True``: every site, ``False``: none)."""
+        if mask is True:
+            mask = self.all_mask
+        elif mask is False:
+            mask = 0
+        prev = self.run_mask, self.active, self.capturing_variants
+        self.run_mask, self.active, self.capturing_variants = mask, mask != 0, True
         try:
             yield
         finally:
-            self.active, self.capturing_variants = prev
+            self.run_mask, self.active, self.capturing_variants = prev
 
     # ---------------------------------------------------------------- reads
     def snapshot(self) -> None:
