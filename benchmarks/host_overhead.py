@@ -15,8 +15,8 @@ wall time per step, the summed *self* time of functions defined in ``vllm_xmix``
 in torch ops and in vLLM code they call is not included), the 5 functions with the most self
 time, and the *cumulative* time of the entry points (``fill``, ``update_requests``, ``snapshot``,
 ``reads_of``, ``add``, ``assemble``, ``hook_write_``; cumulative includes what they call).
-With any app on, every deployed site runs (the graph variant with the hooks), so the steering
-sites show up under ``probe_one`` and ``cast`` too.
+With one app on, only that app's sites run (graph variants per app; eager here: exactly the sites
+the registered requests need).
 
 usage: python benchmarks/host_overhead.py [--batch 64] [--tokens 64] [--configs none,steer_all,probe_one,cast]
 """

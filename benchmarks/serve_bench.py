@@ -428,21 +428,25 @@ def main() -> int:
                 "torch_profiler_with_stack": False, "torch_profiler_use_gzip": True, "ignore_frontend": True,
                 "delay_iterations": delay, "max_iterations": most})]
     env_v = dict(os.environ, VLLM_PLUGINS="")
-    servers = {"vanilla": Server("vanilla", serving, args.port, os.path.join(args.out, "vanilla.log"),
-                                 common + prof_args.get("vanilla", []), env_v)}
     # the deployment goes in through vLLM's --config YAML (JSON is YAML): a token set of 25k ids
     # would make an --additional-config argument longer than the OS allows (128 KiB)
     xmix_cfg = os.path.join(args.out, "xmix_config.yaml")
     json.dump({"additional-config": deploy(*apps)}, open(xmix_cfg, "w"))
-    servers["vanilla"].wait()  # one at a time: both start-ups measure their own memory
-    servers["xmix"] = Server("xmix", serving, args.port + 1, os.path.join(args.out, "xmix.log"),
-                             common + ["--config", xmix_cfg] + prof_args.get("xmix", []), dict(os.environ))
-    servers["xmix"].wait()
     title = f"{os.path.basename(args.model.rstrip('/'))}, {args.num_prompts} prompts, {args.output_len} output tokens"
     # resumable: runs of earlier invocations (other rates / configs) stay in results.json
     runs: list[dict] = json.load(open(res_path)) if os.path.exists(res_path) else []
     mark = 0
+    servers: dict[str, Server] = {}
+    # a SIGTERM (e.g. `timeout`) ends the process through the finally below, which stops the
+    # servers: they run in their own sessions and would otherwise keep holding the GPU
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
+        servers["vanilla"] = Server("vanilla", serving, args.port, os.path.join(args.out, "vanilla.log"),
+                                    common + prof_args.get("vanilla", []), env_v)
+        servers["vanilla"].wait()  # one at a time: both start-ups measure their own memory
+        servers["xmix"] = Server("xmix", serving, args.port + 1, os.path.join(args.out, "xmix.log"),
+                                 common + ["--config", xmix_cfg] + prof_args.get("xmix", []), dict(os.environ))
+        servers["xmix"].wait()
         for rate in args.rates.split(","):
             for rnd in range(args.repeats + 1):  # round 0: warm-up, discarded
                 for name, (srv, xmix) in configs.items():

@@ -119,7 +119,7 @@ def summarize(path: str, max_graph: int = 512) -> dict:
         "trace": path, "n_steps": len(cpu_steps), "span_ms": round(span, 2),
         "gpu_kernel_ms": round(busy, 2), "gpu_busy_fraction": round(busy / span, 4) if span else None,
         "steps": steps,
-        "kernels_top": [{"name": n[:120], "count": c, "ms": round(t, 3)} for n, (c, t) in top],
+        "kernels_top": [{"name": n, "count": c, "ms": round(t, 3)} for n, (c, t) in top],
         "runtime_calls": {n: {"count": c, "ms": round(t, 3)} for n, (c, t) in
                           sorted(by_call.items(), key=lambda kv: -kv[1][1])},
         "xmix_cpu_ops": {n: {"count": c, "ms": round(t, 3)} for n, (c, t) in xmix_ops.items()},
@@ -149,9 +149,10 @@ def compare(a: dict, b: dict, la: str = "A", lb: str = "B") -> str:
         out.append(f"| {n} | {ca.get('count', 0)} | {cb.get('count', 0)} | {ca.get('ms', 0)} | {cb.get('ms', 0)} |")
     names_a = {k["name"]: k for k in a["kernels_top"]}
     out += ["", f"| kernel (top by GPU ms in {lb}) | count {la} | {lb} | ms {la} | {lb} |", "|---|---|---|---|---|"]
-    for k in b["kernels_top"][:25]:
+    for k in b["kernels_top"][:25]:  # matched by full name (template instantiations share long prefixes)
         ka = names_a.get(k["name"], {})
-        out.append(f"| {k['name'][:80]} | {ka.get('count', 0)} | {k['count']} | {ka.get('ms', 0)} | {k['ms']} |")
+        name = k["name"] if len(k["name"]) <= 80 else k["name"][:50] + " ... " + k["name"][-25:]
+        out.append(f"| {name} | {ka.get('count', 0)} | {k['count']} | {ka.get('ms', 0)} | {k['ms']} |")
     return "\n".join(out)
 
 

@@ -589,12 +589,13 @@ def _patch_graph_variants() -> None:
         @functools.wraps(orig)
         def __call__(self, *args, **kwargs):
             st = _state_of_config(self.vllm_config)
-            if st is not None:
-                tables = self.__dict__.get("_xmix_tables")
-                if tables is not None and not any(self.concrete_cudagraph_entries is t for t in tables.values()):
-                    tables = self.__dict__["_xmix_tables"] = None  # vLLM replaced the table (elastic EP re-capture)
+            if st is not None:  # (runs once per piece of a piecewise step: kept short)
+                d = self.__dict__
+                tables = d.get("_xmix_tables")
+                if tables is not None and self.concrete_cudagraph_entries is not d["_xmix_cur"]:
+                    tables = d["_xmix_tables"] = None  # vLLM replaced the table (elastic EP re-capture)
                 if tables is None and st.capturing_variants:
-                    tables = self.__dict__["_xmix_tables"] = {st.all_mask: self.concrete_cudagraph_entries}
+                    tables = d["_xmix_tables"] = {st.all_mask: self.concrete_cudagraph_entries}
                 if tables is not None:
                     t = tables.get(st.run_mask)
                     if t is None:
@@ -602,7 +603,7 @@ def _patch_graph_variants() -> None:
                             raise RuntimeError(f"vllm_xmix: no CUDA graphs were captured for hook variant "
                                                f"{st.run_mask:#x} (captured: {[hex(m) for m in tables]})")
                         t = tables[st.run_mask] = {}
-                    self.concrete_cudagraph_entries = t
+                    self.concrete_cudagraph_entries = d["_xmix_cur"] = t
             return orig(self, *args, **kwargs)
 
         return __call__

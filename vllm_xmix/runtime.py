@@ -53,6 +53,9 @@ from .spec import (
 logger = logging.getLogger("vllm.xmix")
 
 STATE_KEY = "vllm_xmix"
+#: pinned staging buffers for the per-step uploads, used in turn: a buffer is written again only
+#: after the copy that read it has run (vLLM keeps one or two steps in flight)
+RING = 4
 NULL_SLOT = 0
 #: largest total of the buffers that grow with the engine's limits (see :func:`buffer_bytes`);
 #: captures of many layers at ``max_num_batched_tokens`` rows are the usual way to hit it
@@ -252,8 +255,9 @@ class XmixState:
                 pos=torch.zeros(max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
                 plen=torch.zeros(max_slots, dtype=torch.int32, device="cpu", pin_memory=pin),
             )
-            for _ in range(3)
+            for _ in range(RING)
         ]
+        st.stage_waits = 0  # times fill() had to wait for an earlier step's upload (see _next_stage)
         st.preempted: dict[str, None] = {}  # preempted requests keep their slot (and its state)
         st.req_plen: dict[str, int] = {}
         st.req_prompt: dict[str, list[int]] = {}
@@ -734,8 +738,11 @@ class XmixState:
         if self.device.type == "cuda":
             if stage.event is None:
                 stage.event = torch.cuda.Event()
-            else:
-                stage.event.synchronize()  # the H2D copy that last read this buffer is done
+            elif not stage.event.query():  # the H2D copy that last read this buffer has not run yet
+                # (never expected: vLLM waits for each step's output before scheduling far ahead;
+                # a blocking wait here would stall the host, so it is counted)
+                self.stage_waits += 1
+                stage.event.synchronize()
         stage.keep.clear()
         return stage
 
