@@ -82,7 +82,7 @@ case "${1:-A2}" in
     XMIX_SERVE_TAG=_prof serve 0 $LL ${P3_T:-420} --rates 16 --repeats 0 --configs steer_all,cast \
         --profile steer_all,cast --profile-steps 150,300 &
     (CUDA_VISIBLE_DEVICES=1 timeout ${DEC_T:-420} python3 benchmarks/spine_check.py --model $LL --mode xmix --with-probe \
-         --with-cond --on-scales 0.5 --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput \
+         --with-cond --with-ablate --on-scales 0.5 --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput \
          --out "$L/decode_xmix.json" > "$L/decode_xmix.log" 2>&1; echo "decode xmix rc=$?" >> "$L/rc.txt") &
     wait
     cp /root/xmix-serve/llama31_8b_prof/profile_*.txt /root/xmix-serve/llama31_8b_prof/trace_*.json \

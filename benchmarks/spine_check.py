@@ -45,6 +45,9 @@ def main() -> None:
     ap.add_argument("--with-probe", action="store_true",
                     help="also deploy 'probe_one' (a linear probe at blocks.{n/2}.hook_resid_post) and "
                          "benchmark it as a configuration")
+    ap.add_argument("--with-ablate", action="store_true",
+                    help="also deploy 'ablate_all' (directional ablation at hook_resid_pre of every layer, "
+                         "Arditi et al.) and benchmark it")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -78,6 +81,11 @@ def main() -> None:
             cast.write("add", vector=v, scale=args.scale).layers(
                 range(15 * n_layers // 32, 24 * n_layers // 32)).cond(buffer="sim", op=">", threshold=-1.0)
             apps += [seal, cast]
+        if args.with_ablate:
+            r = np.random.default_rng(4).standard_normal(d_model).astype(np.float32)
+            abl = MIApp("ablate_all")
+            abl.write("ablate", vector=r).layers("all").submodule("hook_resid_pre")
+            apps.append(abl)
         kw["additional_config"] = deploy(*apps)
     t0 = time.time()
     llm = LLM(**kw)
@@ -136,6 +144,8 @@ def main() -> None:
             configs.append("probe_one")
         if args.mode == "xmix" and args.with_cond:
             configs += ["seal", "cast"]
+        if args.mode == "xmix" and args.with_ablate:
+            configs.append("ablate_all")
         name = {c: (c if isinstance(c, str) else f"steer_on@{c:g}" if not isinstance(c, bool) else None)
                 for c in configs}
         name[False] = "inactive" if args.mode == "xmix" else "plain"

@@ -96,6 +96,7 @@ def arch_engine(request, tmp_path_factory):
     arch, mode = request.param
     model = build_tiny_model(arch, root=tmp_path_factory.mktemp(arch) / f"tiny-{arch}")
     llm = make_llm(model, mode, additional_config=deployment())
+    llm.mode = mode
     yield llm, HFOracle(model)
     close_llm(llm)
 
@@ -141,6 +142,24 @@ def test_ablate_and_clamp_each_hook_equal_hf(arch_engine):
         want = [hf.greedy(p, N, fns=proj_fns([name])) for p in PROMPTS]
         assert gen(llm, [name]) == want, name
         assert want != plain, f"{name}: the write must change this tiny model's output"
+
+
+def test_compiled_projections_run_inside_the_graph(arch_engine, monkeypatch):
+    """Unconditional ablations and clamps at residual-stream sites are torch ops inside the
+    compiled graph (``XmixState.site_fused``): no row-write kernel of ours runs for them, while
+    eager runs do run it; both equal HF. Counted at the kernel entry point."""
+    import vllm_xmix.ops as ops
+
+    llm, hf = arch_engine
+    calls = []
+    real = ops.row_write_reference
+    monkeypatch.setattr(ops, "row_write_reference", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    for name in ("abl_attn", "clamp_post"):
+        assert gen(llm, [name]) == [hf.greedy(p, N, fns=proj_fns([name])) for p in PROMPTS], name
+    if llm.mode == "eager":
+        assert calls, "eager: the projections ran no row-write kernel"
+    else:
+        assert not calls, "compiled: the projections were not fused into the graph"
 
 
 def test_projection_and_add_compose_in_order(arch_engine):

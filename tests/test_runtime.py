@@ -143,18 +143,21 @@ def test_graph_wrapper_keeps_one_table_per_variant():
 
 
 def multi_state(fused_mode=None):
-    """Four apps at distinct sites of a 4-layer model: a steering add at resid_post of every
-    layer (fusible), a directional ablation at resid_pre of layer 2, a probe at resid_post of
-    layer 1 (shares that site with the add), a SEAL-style add on token ids (embedding bookkeeping)."""
+    """Five apps on a 4-layer model: a steering add at resid_post of every layer and a
+    directional ablation at resid_pre of layer 2 (both unconditional: fusible into the compiled
+    graph), a probe at resid_post of layer 1 (shares that site with the add), a SEAL-style add on
+    token ids at mlp_out of layer 3 (embedding bookkeeping) and a clamp at that same site (a
+    projection beside a conditional write: stays in the op)."""
     from vllm_xmix import MIApp, deploy
     from vllm_xmix.runtime import XmixState
     from vllm_xmix.spec import parse_deployment
 
-    apps = [MIApp("steer_all"), MIApp("ablate"), MIApp("probe"), MIApp("seal")]
+    apps = [MIApp("steer_all"), MIApp("ablate"), MIApp("probe"), MIApp("seal"), MIApp("clamp")]
     apps[0].write("add", vector=unit_rms(0)).layers("all").submodule("hook_resid_post")
     apps[1].write("ablate", vector=unit_rms(1)).layers([2]).submodule("hook_resid_pre")
     apps[2].read("linear_probe", weight=unit_rms(2)).layers([1]).submodule("hook_resid_post")
     apps[3].write("add", vector=unit_rms(3)).layers([3]).submodule("hook_mlp_out").cond(tokens=[5, 6])
+    apps[4].write("clamp", vector=unit_rms(4), value=1.0).layers([3]).submodule("hook_mlp_out")
     st = XmixState.build(parse_deployment(deploy(*apps)["xmix"]), 4, 64, torch.device("cpu"), 64, 8,
                          vocab_size=32, max_model_len=64)
     st.fused_mode = fused_mode
@@ -172,27 +175,31 @@ def sites_of(st, mask):
 
 
 def test_per_app_variants_run_only_the_sites_of_the_apps_on():
-    """One CUDA-graph variant per deployed app (compiled semantics: the fusible steering adds
-    need no op, so steer_all shares the app-free variant); a step replays the smallest variant
-    covering every registered request's apps; two apps at once fall back to every site."""
+    """One CUDA-graph variant per deployed app (compiled semantics: the unconditional adds and
+    the ablation are torch ops inside the graph and need no op, so steer_all and ablate share the
+    app-free variant); a step replays the smallest variant covering every registered request's
+    apps; two apps with different sites fall back to every site."""
     st = multi_state(fused_mode=True)
+    assert st.site_fused[st.sites[(2, "hook_resid_pre")]] and not st.site_fused[st.sites[(3, "hook_mlp_out")]]
     variants = st.graph_variants()
     assert variants[0] == 0 and variants[-1] == st.all_mask
     assert [sites_of(st, m) for m in variants[1:-1]] == [
-        ["blocks.2.hook_resid_pre"], ["blocks.1.hook_resid_post"], ["blocks.3.hook_mlp_out", "tokens"]]
+        ["blocks.1.hook_resid_post"], ["blocks.3.hook_mlp_out", "tokens"], ["blocks.3.hook_mlp_out"]]
     step(st, new_reqs=[req("a", "steer_all")])
     assert st.run_mask == 0  # the adds are inside the compiled graph: no op runs at all
     step(st, new_reqs=[req("b", "probe")], cached=["a"])
     assert sites_of(st, st.run_mask) == ["blocks.1.hook_resid_post"]
-    assert not st.runs(st.sites[(2, "hook_resid_pre")], fused=False)  # the ablation's op does not run
+    assert not st.runs(st.sites[(3, "hook_mlp_out")], fused=False)  # the clamp's op does not run
     assert st.runs(st.sites[(1, "hook_resid_post")], fused=True)
     step(st, new_reqs=[req("c", "seal")], cached=["a", "b"])  # probe + seal: no single-app variant covers it
     assert st.run_mask == st.all_mask
     step(st, finished=["b", "c"], cached=["a"])
     assert st.run_mask == 0
-    step(st, new_reqs=[req("d", "ablate", "steer_all")], cached=["a"])
-    assert sites_of(st, st.run_mask) == ["blocks.2.hook_resid_pre"]
-    step(st, finished=["a", "d"])
+    step(st, new_reqs=[req("d", "ablate", "clamp")], cached=["a"])
+    assert sites_of(st, st.run_mask) == ["blocks.3.hook_mlp_out"]  # the clamp's variant; the ablation is fused
+    step(st, finished=["d"], new_reqs=[req("e", "ablate")], cached=["a"])
+    assert st.run_mask == 0
+    step(st, finished=["a", "e"])
     assert st.run_mask == 0  # nothing registered
 
 

@@ -41,14 +41,14 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: b
     """``h`` [T, d_model]: the tensor the write lands on (mutated); ``other`` [T, d_model] or
     None: the other half of the residual stream (the hook's value is ``h + other``), read by
     projection writes only; ``site``: index of the (layer, hook) site in the model's state;
-    ``fused``: the site's unconditional adds were already applied by torch ops in the compiled
-    graph (``adapters._residual``), so only the rest is applied here."""
+    ``fused``: the site's unconditional writes (``XmixState.site_fused``) were already applied by
+    torch ops in the compiled graph (``adapters._residual``), so only the rest is applied here."""
     st = _state()
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
     if not st.runs(site, fused):  # no app of this step needs this site (graph variants)
         return
     triton_ok = h.is_cuda and HAS_TRITON
-    if fused:  # the compiled graph already applied the site's unconditional adds
+    if fused:  # the compiled graph already applied the site's unconditional writes
         entries, host = st.site_rest[site], st.site_rest_host[site]
     elif st.site_fused_t[site] is not None:  # eager, mixed site: the compiled order (those adds first)
         steer_add(h, st.tok_slot, st.coef, st.site_fused_t[site], st.vectors)

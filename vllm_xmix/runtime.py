@@ -266,24 +266,37 @@ class XmixState:
 
     def _split_fused(self) -> None:
         """Which write entries the compiled graph applies as plain torch ops (``site_fused``):
-        unconditional ``add`` entries at residual-stream sites without projection writes. Under
-        torch.compile the hook emits them as a gather + multiply-add that Inductor fuses into the
-        neighbouring kernels (the next layer's residual add + RMSNorm), so they cost no launch; the
-        custom op then applies the rest (``site_rest``: conditional writes, projections) and the
-        reads. Eager runs apply every entry in the op (``site_entries``)."""
+        unconditional ``add`` entries at residual-stream sites without projection writes, and
+        every write of a residual-stream site whose writes are all unconditional (adds,
+        directional ablations, clamps; ``site_fused_spec``: ``(entry, kind, value)`` in the site's
+        order). Under torch.compile the hook emits them as torch ops (a gather of the token's
+        coefficients, multiply-adds, for projections a row dot product) that Inductor fuses into
+        the neighbouring kernels (the next residual add + RMSNorm), so they cost no launch of
+        ours; the custom op then applies the rest (``site_rest``: conditional writes, and
+        projections at sites that also have conditional writes) and the reads. Eager runs apply
+        every entry in the op (``site_entries``), with the same semantics (adds only:
+        :func:`.kernels.steer_add.steer_add_reference`; with projections: sequential,
+        :func:`.kernels.row_write.row_write_reference`)."""
         from .adapters._residual import RESIDUAL_HOOKS
 
         n = len(self.sites)
         self.site_fused: list[tuple[int, ...]] = [()] * n
+        self.site_fused_spec: list[tuple[tuple[int, int, float], ...]] = [()] * n
         self.site_rest, self.site_rest_host = list(self.site_entries), list(self.site_entries_host)
         self.site_fused_t: list[torch.Tensor | None] = [None] * n  # sites with fused and other writes
         for (L, hook), sid in self.sites.items():
             writes = self.site_entries_host[sid] or []
-            if hook not in RESIDUAL_HOOKS or self.site_has_proj[sid]:
+            if hook not in RESIDUAL_HOOKS:
                 continue
-            fused = tuple(e for e in writes if self.entries[e].kind == ADD and self.entries[e].ckind == 0)
+            if self.site_has_proj[sid]:  # projections do not commute: all of the site's writes or none
+                fused = tuple(writes) if all(self.entries[e].ckind == 0 for e in writes) else ()
+            else:
+                fused = tuple(e for e in writes if self.entries[e].kind == ADD and self.entries[e].ckind == 0)
+            if not fused:
+                continue
             rest = [e for e in writes if e not in fused]
             self.site_fused[sid] = fused
+            self.site_fused_spec[sid] = tuple((e, self.entries[e].kind, float(self.entries[e].value)) for e in fused)
             self.site_rest_host[sid] = rest
             self.site_rest[sid] = torch.tensor(rest, dtype=torch.int32, device=self.device) if rest else None
             if fused and rest:  # eager runs apply these first too, so both paths round the same way

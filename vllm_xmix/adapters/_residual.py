@@ -36,6 +36,8 @@ import functools
 
 import torch
 
+from ..kernels.row_write import ADD, PROJ
+
 RESIDUAL_HOOKS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 
 
@@ -47,22 +49,39 @@ RESIDUAL_HOOKS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp
 _BUFFERS = ("tok_slot", "coef", "vectors")
 
 
-def _fused_add(module: torch.nn.Module, t: torch.Tensor, entries: tuple[int, ...]) -> torch.Tensor:
-    """``t`` [T, D] plus the unconditional steering adds ``entries`` of this site, as torch ops
-    (semantics of :func:`..kernels.steer_add.steer_add_reference`: float32 accumulation, rows
-    whose coefficients are all 0 untouched). Under torch.compile Inductor fuses this gather +
-    multiply-add into the neighbouring kernels instead of launching one of its own."""
+def _fused_writes(module: torch.nn.Module, t: torch.Tensor, other: torch.Tensor | None,
+                  spec: tuple[tuple[int, int, float], ...]) -> torch.Tensor:
+    """``t`` [T, D] with the unconditional writes ``spec`` (``(entry, kind, value)`` in the site's
+    order) of this site applied, as torch ops. Adds only: the semantics of
+    :func:`..kernels.steer_add.steer_add_reference` (float32 accumulation, one rounding, rows
+    whose coefficients are all 0 untouched); with projections (directional ablation, clamp):
+    those of :func:`..kernels.row_write.row_write_reference` (entries in order, each on the
+    previous result, the projection taken on the hook's value ``t + other``). Under
+    torch.compile Inductor fuses these gathers, dot products and multiply-adds into the
+    neighbouring kernels instead of launching one of its own."""
     T, D = t.shape
     torch._check(T <= module.xmix_tok_slot.shape[0])  # (fill() guarantees it; keeps [:T] exactly T long)
     coef = module.xmix_coef.index_select(0, module.xmix_tok_slot[:T].long())  # [T, E_total]
-    acc = None
-    on = None
-    for e in entries:
+    if all(kind == ADD for _, kind, _ in spec):
+        acc = None
+        on = None
+        for e, _, _ in spec:
+            c = coef[:, e: e + 1]
+            d = torch.where(c != 0, c * module.xmix_vectors[e, :D], 0.0)
+            acc = d if acc is None else acc + d
+            on = (c != 0) if on is None else on | (c != 0)
+        return torch.where(on, (t.float() + acc).to(t.dtype), t)
+    for e, kind, value in spec:
         c = coef[:, e: e + 1]
-        d = torch.where(c != 0, c * module.xmix_vectors[e, :D], 0.0)
-        acc = d if acc is None else acc + d
-        on = (c != 0) if on is None else on | (c != 0)
-    return torch.where(on, (t.float() + acc).to(t.dtype), t)
+        v = module.xmix_vectors[e, :D]
+        hf = t.float()
+        if kind == PROJ:
+            x = hf + other.float() if other is not None else hf
+            coeff = c * (value - (x * v).sum(dim=1, keepdim=True))
+        else:
+            coeff = c
+        t = torch.where(c != 0, (hf + coeff * v).to(t.dtype), t)
+    return t
 
 
 def _freezing() -> bool:
@@ -73,14 +92,15 @@ def _freezing() -> bool:
     return bool(getattr(config, "freezing", False))
 
 
-def _write(module, t: torch.Tensor, other: torch.Tensor | None, site: int, fused: tuple[int, ...]) -> torch.Tensor:
+def _write(module, t: torch.Tensor, other: torch.Tensor | None, site: int,
+           fused: tuple[tuple[int, int, float], ...]) -> torch.Tensor:
     """``t``: the tensor the write lands on; ``other``: the rest of the hook's value (or None).
-    Returns the written tensor (a new one when the fused adds ran, else ``t`` mutated)."""
+    Returns the written tensor (a new one when the fused writes ran, else ``t`` mutated)."""
     # Inductor freezing (CPU max_autotune sets it while Dynamo traces) would inline the buffers'
     # contents at compile time (all zero) as constants: then the op applies every entry itself
     compiled = bool(fused) and torch.compiler.is_compiling() and not _freezing()
     if compiled:
-        t = _fused_add(module, t, fused)
+        t = _fused_writes(module, t, other, fused)
     torch.ops.vllm_xmix.hook_write_(t, other, site, compiled)
     return t
 
@@ -137,7 +157,7 @@ def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, *, att
         s = state.site_id(layer_idx, name)
         if s is None:
             return
-        fused = state.site_fused[s]
+        fused = state.site_fused_spec[s]
         if fused:
             _register_buffers(module, state)
         f = functools.partial(fn, s, fused)
