@@ -200,3 +200,13 @@ def test_inductor_freezing_is_refused(tiny_llama):
     with pytest.raises(ValueError, match=r"freezing=True would inline the runtime's buffers"):
         make_llm(tiny_llama, "compiled", additional_config=deploy(_app()),
                  compilation_config={"inductor_compile_config": {"freezing": True}})
+
+
+def test_microbatching_is_refused(tiny_llama):
+    """vLLM's UBatchWrapper keeps CUDA graphs keyed by token count only, so it would replay the
+    app-free graph variant in every step: refused when the engine is configured (``--ubatch-size``
+    > 1; dual-batch overlap is the same condition, ``use_ubatching``, but the CPU build turns it
+    off before the check)."""
+    with pytest.raises(ValueError, match=r"microbatching \(dual-batch overlap, --ubatch-size > 1\) is not supported"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(_app()), ubatch_size=2,
+                 all2all_backend="deepep_low_latency")

@@ -189,8 +189,9 @@ def test_per_app_variants_run_only_the_sites_of_the_apps_on():
     assert st.run_mask == 0  # the adds are inside the compiled graph: no op runs at all
     step(st, new_reqs=[req("b", "probe")], cached=["a"])
     assert sites_of(st, st.run_mask) == ["blocks.1.hook_resid_post"]
-    assert not st.runs(st.sites[(3, "hook_mlp_out")], fused=False)  # the clamp's op does not run
-    assert st.runs(st.sites[(1, "hook_resid_post")], fused=True)
+    assert not st.runs(st.sites[(3, "hook_mlp_out")], fused=0)  # the clamp's op does not run
+    post1 = st.sites[(1, "hook_resid_post")]
+    assert st.runs(post1, fused=st.site_fused_id[post1])
     step(st, new_reqs=[req("c", "seal")], cached=["a", "b"])  # probe + seal: no single-app variant covers it
     assert st.run_mask == st.all_mask
     step(st, finished=["b", "c"], cached=["a"])
@@ -212,11 +213,14 @@ def test_variants_without_compiled_graph_and_when_turned_off(monkeypatch):
     step(st, new_reqs=[req("a", "steer_all"), req("b", "probe")])
     assert sites_of(st, st.run_mask) == [f"blocks.{L}.hook_resid_post" for L in range(4)]
     site = st.sites[(0, "hook_resid_post")]
-    assert st.runs(site, fused=False) and st.fused_mode is False
+    assert st.runs(site, fused=0) and st.fused_mode is False
     st = multi_state(fused_mode=True)
     step(st, new_reqs=[req("a", "steer_all")])
-    assert st.run_mask == 0 and not st.runs(site, fused=True)
-    assert st.runs(site, fused=False)  # an eager forward: the adds are the op's to apply
+    assert st.run_mask == 0 and not st.runs(site, fused=st.site_fused_id[site])
+    assert st.runs(site, fused=0)  # an eager forward: the adds are the op's to apply
+    # a graph compiled for other fused writes (a stale compile cache) is refused, never guessed at
+    with pytest.raises(RuntimeError, match="stale torch.compile cache"):
+        st.runs(site, fused=st.site_fused_id[site] + 1)
     monkeypatch.setenv("VLLM_XMIX_GRAPH_VARIANTS", "onoff")
     assert multi_state(fused_mode=True).graph_variants() == [0, multi_state().all_mask]
     monkeypatch.setenv("VLLM_XMIX_GRAPH_VARIANTS", "0")

@@ -47,7 +47,7 @@ from .spec import (
 logger = logging.getLogger("vllm.xmix")
 
 SUPPORTED_VLLM = ((0, 26, 0), (0, 27, 0))  # [min, max)
-RUNTIME_ID = "vllm-xmix 0.3.0"  # bump with any change to what the hooks put into the graph
+RUNTIME_ID = "vllm-xmix 0.4.0"  # bump with any change to what the hooks put into the graph
 _PATCHED: list[str] = []
 
 
@@ -152,8 +152,11 @@ def validate_engine_config(vllm_config) -> None:
         raise XmixSpecError("additional_config.xmix: pipeline parallelism is not supported yet")
     if vllm_config.speculative_config is not None:
         raise XmixSpecError("additional_config.xmix: speculative decoding is not supported yet")
-    if getattr(pc, "enable_dbo", False):
-        raise XmixSpecError("additional_config.xmix: dual-batch overlap (DBO) is not supported")
+    if getattr(pc, "enable_dbo", False) or getattr(pc, "ubatch_size", 0) > 1:
+        # vLLM's UBatchWrapper keeps its own CUDA graphs keyed by token count only: it would
+        # replay one hook variant's graphs for every other (the apps would silently do nothing)
+        raise XmixSpecError("additional_config.xmix: microbatching (dual-batch overlap, --ubatch-size > 1) "
+                            "is not supported")
     pass_cfg = getattr(vllm_config.compilation_config, "pass_config", None)
     if getattr(pass_cfg, "enable_sp", False):
         raise XmixSpecError("additional_config.xmix: sequence parallelism shards the residual stream; not supported")

@@ -37,12 +37,14 @@ def _state():
     return st
 
 
-def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: bool) -> None:
+def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: int) -> None:
     """``h`` [T, d_model]: the tensor the write lands on (mutated); ``other`` [T, d_model] or
     None: the other half of the residual stream (the hook's value is ``h + other``), read by
     projection writes only; ``site``: index of the (layer, hook) site in the model's state;
-    ``fused``: the site's unconditional writes (``XmixState.site_fused``) were already applied by
-    torch ops in the compiled graph (``adapters._residual``), so only the rest is applied here."""
+    ``fused``: 0, or the fingerprint (``runtime.fused_id``) of the site's unconditional writes
+    (``XmixState.site_fused``) that torch ops in the compiled graph already applied
+    (``adapters._residual``), so only the rest is applied here; a fingerprint other than the
+    runtime's raises ``RuntimeError`` (a stale compile cache)."""
     st = _state()
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
     if not st.runs(site, fused):  # no app of this step needs this site (graph variants)
@@ -79,7 +81,7 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: b
         st.store_request_values(site, h.shape[0])
 
 
-def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: bool) -> None:
+def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: int) -> None:
     return None
 
 

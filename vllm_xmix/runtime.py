@@ -107,6 +107,17 @@ class _Stage:
     keep: list = field(default_factory=list)  # pinned sources of in-flight copies
 
 
+def fused_id(spec: tuple) -> int:
+    """A process-independent fingerprint (1 .. 2**31) of a site's fused writes ``(entry, kind,
+    value)``: the compiled graph passes it to the op, which checks it against the runtime's, so a
+    graph compiled for other fused writes (a stale compile cache) fails loudly instead of applying
+    a write twice or not at all. 0 means: nothing fused."""
+    import zlib
+
+    return (zlib.crc32(repr(tuple((int(e), int(k), float(v)) for e, k, v in spec)).encode()) & 0x7FFFFFFF) + 1 \
+        if spec else 0
+
+
 @dataclass
 class XmixState:
     """Per-model-instance MI runtime state. See the module docstring for the buffers."""
@@ -282,6 +293,7 @@ class XmixState:
         n = len(self.sites)
         self.site_fused: list[tuple[int, ...]] = [()] * n
         self.site_fused_spec: list[tuple[tuple[int, int, float], ...]] = [()] * n
+        self.site_fused_id: list[int] = [0] * n  # what a compiled graph must say it applied (ops.hook_write_)
         self.site_rest, self.site_rest_host = list(self.site_entries), list(self.site_entries_host)
         self.site_fused_t: list[torch.Tensor | None] = [None] * n  # sites with fused and other writes
         for (L, hook), sid in self.sites.items():
@@ -297,6 +309,7 @@ class XmixState:
             rest = [e for e in writes if e not in fused]
             self.site_fused[sid] = fused
             self.site_fused_spec[sid] = tuple((e, self.entries[e].kind, float(self.entries[e].value)) for e in fused)
+            self.site_fused_id[sid] = fused_id(self.site_fused_spec[sid])
             self.site_rest_host[sid] = rest
             self.site_rest[sid] = torch.tensor(rest, dtype=torch.int32, device=self.device) if rest else None
             if fused and rest:  # eager runs apply these first too, so both paths round the same way
@@ -657,9 +670,20 @@ class XmixState:
         self.active = mask != 0
         self.variant_steps[mask] += 1
 
-    def runs(self, site: int, fused: bool) -> bool:
-        """Whether the hook op of ``site`` runs in this forward (``fused``: the call comes from a
-        compiled graph that applied the site's unconditional adds itself)."""
+    def runs(self, site: int, fused: int) -> bool:
+        """Whether the hook op of ``site`` runs in this forward (``fused``: nonzero when the call
+        comes from a compiled graph that applied the site's fused writes itself: their
+        :func:`fused_id`, which must be the runtime's).
+
+        Raises:
+            RuntimeError: the graph applied other fused writes than this runtime's (a stale
+            compile cache, or a plugin change without a new ``RUNTIME_ID``)."""
+        if fused and fused != self.site_fused_id[site]:
+            raise RuntimeError(
+                f"vllm_xmix: the compiled graph applies other fused writes at {self.site_names[site]} "
+                f"(id {fused}) than this deployment ({self.site_fused_id[site]}): a stale torch.compile "
+                "cache; clear it (VLLM_CACHE_ROOT) or set VLLM_DISABLE_COMPILE_CACHE=1")
+        fused = bool(fused)
         if self.site_fused[site]:
             if self.fused_mode is None:  # the first call that tells: compiled (True) or eager
                 self.fused_mode = fused

@@ -93,15 +93,17 @@ def _freezing() -> bool:
 
 
 def _write(module, t: torch.Tensor, other: torch.Tensor | None, site: int,
-           fused: tuple[tuple[int, int, float], ...]) -> torch.Tensor:
+           fused: tuple[tuple[tuple[int, int, float], ...], int]) -> torch.Tensor:
     """``t``: the tensor the write lands on; ``other``: the rest of the hook's value (or None).
     Returns the written tensor (a new one when the fused writes ran, else ``t`` mutated)."""
     # Inductor freezing (CPU max_autotune sets it while Dynamo traces) would inline the buffers'
     # contents at compile time (all zero) as constants: then the op applies every entry itself
-    compiled = bool(fused) and torch.compiler.is_compiling() and not _freezing()
+    spec, fid = fused  # the site's fused writes and their fingerprint (runtime.fused_id)
+    compiled = bool(spec) and torch.compiler.is_compiling() and not _freezing()
     if compiled:
-        t = _fused_writes(module, t, other, fused)
-    torch.ops.vllm_xmix.hook_write_(t, other, site, compiled)
+        t = _fused_writes(module, t, other, spec)
+    # the op learns which fused writes this graph applied (0: none) and checks them (XmixState.runs)
+    torch.ops.vllm_xmix.hook_write_(t, other, site, fid if compiled else 0)
     return t
 
 
@@ -157,8 +159,8 @@ def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, *, att
         s = state.site_id(layer_idx, name)
         if s is None:
             return
-        fused = state.site_fused_spec[s]
-        if fused:
+        fused = (state.site_fused_spec[s], state.site_fused_id[s])
+        if fused[0]:
             _register_buffers(module, state)
         f = functools.partial(fn, s, fused)
         if pre:

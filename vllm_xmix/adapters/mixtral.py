@@ -25,7 +25,7 @@ def layer_classes() -> tuple[type, ...]:
 
 def _router_hook(site: int, module, args, output):
     logits = output[0] if isinstance(output, tuple) else output
-    torch.ops.vllm_xmix.hook_write_(logits, None, site, False)
+    torch.ops.vllm_xmix.hook_write_(logits, None, site, 0)
     return output
 
 
