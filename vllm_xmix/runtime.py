@@ -779,6 +779,10 @@ class XmixState:
                 # (never expected: vLLM waits for each step's output before scheduling far ahead;
                 # a blocking wait here would stall the host, so it is counted)
                 self.stage_waits += 1
+                if self.stage_waits == 1:
+                    logger.warning("vllm_xmix: a step's slot-table upload waited for the one %d steps earlier "
+                                   "(the host ran that far ahead of the GPU); counted in XmixState.stage_waits",
+                                   len(self._ring))
                 stage.event.synchronize()
         stage.keep.clear()
         return stage
