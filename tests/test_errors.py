@@ -210,3 +210,10 @@ def test_microbatching_is_refused(tiny_llama):
     with pytest.raises(ValueError, match=r"microbatching \(dual-batch overlap, --ubatch-size > 1\) is not supported"):
         make_llm(tiny_llama, "eager", additional_config=deploy(_app()), ubatch_size=2,
                  all2all_backend="deepep_low_latency")
+
+
+def test_bad_graph_variant_setting_is_refused_at_engine_start(tiny_llama, monkeypatch):
+    """A bad VLLM_XMIX_GRAPH_VARIANTS is a clear configuration error, before any process starts."""
+    monkeypatch.setenv("VLLM_XMIX_GRAPH_VARIANTS", "per-app")
+    with pytest.raises(ValueError, match=r"VLLM_XMIX_GRAPH_VARIANTS='per-app': expected 'apps' \(the default\)"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(_app()))

@@ -230,3 +230,9 @@ def test_variants_without_compiled_graph_and_when_turned_off(monkeypatch):
     monkeypatch.setenv("VLLM_XMIX_GRAPH_VARIANTS", "some")
     with pytest.raises(ValueError, match="VLLM_XMIX_GRAPH_VARIANTS"):
         multi_state()
+    monkeypatch.setenv("VLLM_XMIX_GRAPH_VARIANTS", "apps")
+    monkeypatch.setenv("VLLM_XMIX_MAX_GRAPH_VARIANTS", "3")  # app-free, the first app's, every site
+    assert len(multi_state(fused_mode=True).graph_variants()) == 3
+    monkeypatch.setenv("VLLM_XMIX_MAX_GRAPH_VARIANTS", "many")
+    with pytest.raises(ValueError, match="VLLM_XMIX_MAX_GRAPH_VARIANTS='many': expected an integer >= 2"):
+        multi_state()

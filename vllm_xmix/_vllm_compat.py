@@ -131,7 +131,12 @@ def validate_engine_config(vllm_config) -> None:
     text = _text_config(mc)
     validate_deployment(dep, text.num_hidden_layers, text.hidden_size, _n_experts(text),
                         getattr(text, "vocab_size", None))
-    from .runtime import check_buffer_bytes, engine_limits
+    from .runtime import check_buffer_bytes, engine_limits, graph_variant_settings
+
+    try:
+        graph_variant_settings()
+    except ValueError as e:
+        raise XmixSpecError(f"additional_config.xmix: {e}") from None
 
     check_buffer_bytes(dep, text.num_hidden_layers, text.hidden_size, _n_experts(text), *engine_limits(vllm_config))
     token_cond = any(op.primitive == "write" and op.cond is not None and op.cond.buffer is None

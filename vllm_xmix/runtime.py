@@ -107,6 +107,23 @@ class _Stage:
     keep: list = field(default_factory=list)  # pinned sources of in-flight copies
 
 
+def graph_variant_settings() -> tuple[str, int]:
+    """(mode, most variants) from ``VLLM_XMIX_GRAPH_VARIANTS`` (``apps``, the default, or ``1``;
+    ``onoff``; ``0``) and ``VLLM_XMIX_MAX_GRAPH_VARIANTS`` (an integer >= 2, 8 by default); see
+    :meth:`XmixState.graph_variants`.
+
+    Raises:
+        ValueError: a value other than these, naming the variable."""
+    mode = os.environ.get("VLLM_XMIX_GRAPH_VARIANTS", "apps")
+    if mode not in ("0", "1", "apps", "onoff"):
+        raise ValueError(f"VLLM_XMIX_GRAPH_VARIANTS={mode!r}: expected 'apps' (the default), 'onoff' or '0'")
+    raw = os.environ.get("VLLM_XMIX_MAX_GRAPH_VARIANTS", "8")
+    if not raw.isdigit() or int(raw) < 2:
+        raise ValueError(f"VLLM_XMIX_MAX_GRAPH_VARIANTS={raw!r}: expected an integer >= 2 (app-free and "
+                         "every-site graphs are always captured; 8 by default)")
+    return ("apps" if mode == "1" else mode), int(raw)
+
+
 def fused_id(spec: tuple) -> int:
     """A process-independent fingerprint (1 .. 2**31) of a site's fused writes ``(entry, kind,
     value)``: the compiled graph passes it to the op, which checks it against the runtime's, so a
@@ -241,12 +258,9 @@ class XmixState:
         # runs in a step only if its site's bit is in `run_mask`; CUDA graphs are captured once
         # per variant (app-free, one per deployed app, every site)
         st._build_variant_bits()
-        mode = os.environ.get("VLLM_XMIX_GRAPH_VARIANTS", "apps")
-        if mode not in ("0", "1", "apps", "onoff"):
-            raise ValueError(f"VLLM_XMIX_GRAPH_VARIANTS={mode!r}: expected 'apps' (the default), 'onoff' or '0'")
+        mode, st.max_variants = graph_variant_settings()
         st.variants_enabled = mode != "0" and os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "0") != "1"
-        st.variant_mode = "onoff" if mode == "onoff" else "apps"
-        st.max_variants = int(os.environ.get("VLLM_XMIX_MAX_GRAPH_VARIANTS", "8"))
+        st.variant_mode = mode
         st.run_mask = st.all_mask
         st.active = True
         st.capturing_variants = False
