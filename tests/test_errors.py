@@ -52,6 +52,9 @@ def test_bad_request_rejected_at_sampling_params(mi_apps, match):
     ({"apps": [{"name": "sad", "layers": [7]}]}, r"mi_apps\[0\]\.layers: layer 7 is not a deployed layer"),
     ({"apps": [{"name": "happy", "scale": "x"}]}, r"mi_apps\[0\]\.scale: expected a number"),
     ({"apps": [{"name": "happy", "scale": float("nan")}]}, r"must be finite"),
+    # finite but overflowing the dtype: inf/NaN in reused KV-cache blocks would reach other requests
+    ({"apps": [{"name": "happy", "scale": 1e38}]},
+     r"mi_apps\[0\]\.scale: app 'happy' op 0 would write values up to .* overflow to inf/NaN"),
     ('{"apps": [{"name": "nope"}]}', r"unknown app 'nope'"),  # the JSON-string form vllm_xargs carries
     ({"apps": "happy"}, r"mi_apps: expected a list of apps, got str"),
     ("not json", r"mi_apps: expected a list of apps"),
@@ -217,3 +220,12 @@ def test_bad_graph_variant_setting_is_refused_at_engine_start(tiny_llama, monkey
     monkeypatch.setenv("VLLM_XMIX_GRAPH_VARIANTS", "per-app")
     with pytest.raises(ValueError, match=r"VLLM_XMIX_GRAPH_VARIANTS='per-app': expected 'apps' \(the default\)"):
         make_llm(tiny_llama, "eager", additional_config=deploy(_app()))
+
+
+def test_overflowing_deployed_scale_is_refused(tiny_llama):
+    """A deployed scale whose writes overflow the model's dtype (inf/NaN in reused KV-cache
+    blocks would reach other requests) is refused when the engine is configured."""
+    with pytest.raises(ValueError, match=r"apps\.0\(x\)\.scale: app 'x' op 0 would write values up to .* dtype "
+                                         r"torch\.float32 holds writes up to"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(_app(scale=1e38)))
+

@@ -133,6 +133,9 @@ def validate_engine_config(vllm_config) -> None:
                         getattr(text, "vocab_size", None))
     from .runtime import check_buffer_bytes, engine_limits, graph_variant_settings
 
+    for ai, app in enumerate(dep.apps):
+        check_write_magnitude(vllm_config, app.name, None, f"additional_config.xmix.apps.{ai}({app.name}).scale")
+
     try:
         graph_variant_settings()
     except ValueError as e:
@@ -219,6 +222,62 @@ def _deployment_of(vllm_config):
     return dep, hashes
 
 
+#: projections (ablate, clamp) move the stream by scale * (value - x.r): x.r is taken to be at most this
+PROJ_SPAN = 1e3
+_AMP_CACHE: dict[int, tuple[object, dict[str, list[tuple[int, float, float]]], float]] = {}
+
+
+def _write_amplitudes(vllm_config):
+    """({app: [(op index, deployed scale, amplitude)]}, limit): per write op the largest entry a
+    scale multiplies (max |vector| of an add / router bias, finite entries; ``max(|value|,
+    PROJ_SPAN)`` for a projection, whose vector is a unit direction), and the largest write the
+    model's dtype holds with headroom (``finfo(dtype).max / 256``). Computed once per engine config."""
+    key = id(vllm_config)
+    hit = _AMP_CACHE.get(key)
+    if hit is not None and hit[0] is vllm_config:
+        return hit[1], hit[2]
+    import numpy as np
+    import torch
+
+    from .spec import load_vector
+
+    dep, _ = _deployment_of(vllm_config)
+    amps: dict[str, list[tuple[int, float, float]]] = {}
+    for app in (dep.apps if dep is not None else []):
+        for oi, op in enumerate(app.ops):
+            if op.primitive != "write":
+                continue
+            if op.kind in ("ablate", "clamp"):
+                amp = max(abs(float(op.value or 0.0)), PROJ_SPAN)
+            else:
+                v = load_vector(op.vector, f"{app.name}.ops.{oi}.vector", allow_neg_inf=op.kind == "router_bias")
+                v = v[np.isfinite(v)]
+                amp = float(np.abs(v).max()) if v.size else 0.0
+            amps.setdefault(app.name, []).append((oi, float(op.scale), amp))
+    dtype = getattr(vllm_config.model_config, "dtype", torch.float32)
+    limit = float(torch.finfo(dtype if isinstance(dtype, torch.dtype) else torch.float32).max) / 256
+    _AMP_CACHE[key] = (vllm_config, amps, limit)
+    return amps, limit
+
+
+def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field: str) -> None:
+    """A write whose scale times its vector would overflow the model's dtype puts inf/NaN into
+    the KV cache, whose blocks later requests reuse: refused.
+
+    Raises:
+        XmixSpecError: naming the field, the largest write and the dtype's limit."""
+    amps, limit = _write_amplitudes(vllm_config)
+    for oi, deployed, amp in amps.get(app_name, ()):
+        sc = deployed if scale is None else scale
+        if abs(sc) * amp > limit:
+            dtype = getattr(vllm_config.model_config, "dtype", "float32")
+            raise XmixSpecError(
+                f"{field}: app {app_name!r} op {oi} would write values up to {abs(sc) * amp:.3g} "
+                f"(scale {sc:g} x largest vector entry {amp:.3g}); the model's dtype {dtype} holds writes up "
+                f"to {limit:.3g} here: larger ones overflow to inf/NaN, which would reach other requests "
+                "through reused KV-cache blocks")
+
+
 def validate_request(vllm_config, params):
     """Validate ``params.extra_args["xmix"]``; returns (canonical wire dict or None, salt or None).
 
@@ -253,6 +312,9 @@ def validate_selection(vllm_config, raw, n: int = 1):
         )
     n_layers = _text_config(vllm_config.model_config).num_hidden_layers
     check_request_against_deployment(apps, dep, n_layers, hashes=hashes)
+    for i, ra in enumerate(apps):
+        if ra.scale != 0.0:  # (None: the deployed scales)
+            check_write_magnitude(vllm_config, ra.name, ra.scale, f"mi_apps[{i}].scale")
     check_router_masks(apps, dep, n_layers)
     wire = request_to_wire(apps)
     # apps whose coefficients are all zero change nothing: they do not split the prefix cache
@@ -285,7 +347,10 @@ def _patch_input_processor() -> None:
     def wrap(orig):
         @functools.wraps(orig)
         def process_inputs(self, request_id, prompt, params, *args, **kwargs):
-            wire, salt = validate_request(self.vllm_config, params)
+            try:
+                wire, salt = validate_request(self.vllm_config, params)
+            except XmixSpecError as e:  # which request of a batch was refused
+                raise XmixSpecError(f"request {request_id}: {e}") from None
             req = orig(self, request_id, prompt, params, *args, **kwargs)
             if wire is not None and req.sampling_params is not None:
                 ea = dict(req.sampling_params.extra_args or {})

@@ -118,7 +118,7 @@ def graph_variant_settings() -> tuple[str, int]:
     if mode not in ("0", "1", "apps", "onoff"):
         raise ValueError(f"VLLM_XMIX_GRAPH_VARIANTS={mode!r}: expected 'apps' (the default), 'onoff' or '0'")
     raw = os.environ.get("VLLM_XMIX_MAX_GRAPH_VARIANTS", "8")
-    if not raw.isdigit() or int(raw) < 2:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 2:
         raise ValueError(f"VLLM_XMIX_MAX_GRAPH_VARIANTS={raw!r}: expected an integer >= 2 (app-free and "
                          "every-site graphs are always captured; 8 by default)")
     return ("apps" if mode == "1" else mode), int(raw)
