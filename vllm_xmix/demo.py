@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     plain = json.loads(line.removeprefix("PLAIN_TOKENS "))
 
     w = max(len(p) for p in PROMPTS)
-    print(f"\n{'prompt':<{w}} | steering off -> steering on (scale {args.scale})")
+    print(f"\n{'prompt':<{w}} | steering off -> steering on (scale {args.scale}); the tiny model has random "
+          "weights, so its text is meaningless: what counts is that off equals plain vLLM, on differs, and "
+          "the probe gives a score per token")
     changed, counts_ok, probe_up = 0, True, 0
     for p, a, b in zip(PROMPTS, off_out, on_out):
         ta, tb = list(a.outputs[0].token_ids), list(b.outputs[0].token_ids)
