@@ -194,6 +194,10 @@ def test_per_app_variants_run_only_the_sites_of_the_apps_on():
     assert st.runs(post1, fused=st.site_fused_id[post1])
     step(st, new_reqs=[req("c", "seal")], cached=["a", "b"])  # probe + seal: no single-app variant covers it
     assert st.run_mask == st.all_mask
+    step(st, cached=["c"])  # a and b registered but not in this step: only what c needs
+    assert sites_of(st, st.run_mask) == ["blocks.3.hook_mlp_out", "tokens"]
+    step(st, cached=["b", "a"])
+    assert sites_of(st, st.run_mask) == ["blocks.1.hook_resid_post"]
     step(st, finished=["b", "c"], cached=["a"])
     assert st.run_mask == 0
     step(st, new_reqs=[req("d", "ablate", "clamp")], cached=["a"])

@@ -543,8 +543,18 @@ class XmixState:
             for i in np.flatnonzero(slots == NULL_SLOT).tolist():
                 slots[i] = self._slot_for(ids[i])
         T = int(num_scheduled_tokens.sum())
-        any_on = bool(slots.any())
-        self._set_variant(self._variant_for(self.need_mask()) if any_on else 0)
+        n_on = int(np.count_nonzero(slots))
+        if not n_on:
+            self._set_variant(0)
+        elif n_on == len(self._row_masks):  # every registered request is in this step: the cached union
+            self._set_variant(self._variant_for(self.need_mask()))
+        else:  # some are not (waiting for a chunk, preempted): what this step's requests need
+            k = 1 if self.fused_mode else 0
+            need = 0
+            for i in np.flatnonzero(slots).tolist():
+                need |= self._row_masks.get(ids[i], (self.all_mask, self.all_mask))[k]
+            self._set_variant(self._variant_for(need))
+        any_on = n_on > 0
         if not any_on and self.high_water == 0 and not self.pending_rows:
             return
         n = max(T, self.high_water)
@@ -619,7 +629,9 @@ class XmixState:
 
     def need_mask(self) -> int:
         """Hook units that the registered requests' apps need (union over requests; compiled
-        semantics once a compiled forward has been seen, else eager semantics, a superset)."""
+        semantics once a compiled forward has been seen, else eager semantics, a superset).
+        :meth:`fill` uses it when every registered request is in the step, else the union over
+        the step's requests."""
         if self._need is None:
             e = c = 0
             for a, b in self._row_masks.values():
