@@ -26,6 +26,7 @@ stay on the machine that made them.
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import re
@@ -74,8 +75,6 @@ def summarize(path: str, max_graph: int = 512) -> dict:
         gpu_by_name[g["name"]].append(g)
     seen: dict[str, int] = defaultdict(int)
     k_starts = [k["ts"] for k in kernels]
-    import bisect
-
     rows = defaultdict(lambda: defaultdict(list))
     for i, s in enumerate(cpu_steps):
         c, tc, g, tg = map(int, STEP.fullmatch(s["name"]).groups())

@@ -229,3 +229,29 @@ def test_overflowing_deployed_scale_is_refused(tiny_llama):
                                          r"torch\.float32 holds writes up to"):
         make_llm(tiny_llama, "eager", additional_config=deploy(_app(scale=1e38)))
 
+
+
+def test_write_magnitude_bound_follows_the_dtype():
+    """float16 holds writes up to 65504/256: a directional ablation (scale 1) or a reflection
+    (scale 3) fits, a large add or clamp target does not; float32 takes the large add."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from vllm_xmix._vllm_compat import check_write_magnitude
+
+    a, b = MIApp("abl"), MIApp("add")
+    a.write("ablate", vector=unit_rms(1)).layers([1])
+    b.write("add", vector=unit_rms(2), scale=1.0).layers([1])
+    c = MIApp("clamp")
+    c.write("clamp", vector=unit_rms(3), value=1e4).layers([1])
+    dep = deploy(a, b, c)
+    half, full = (NS(additional_config=dep, model_config=NS(dtype=d)) for d in (torch.float16, torch.float32))
+    check_write_magnitude(half, "abl", None, "f")
+    check_write_magnitude(half, "abl", 3.0, "f")
+    check_write_magnitude(half, "add", 20.0, "f")
+    with pytest.raises(XmixSpecError, match=r"f: app 'add' op 0 would write values up to .*torch\.float16 holds writes up to 256"):
+        check_write_magnitude(half, "add", 1e5, "f")
+    with pytest.raises(XmixSpecError, match=r"f: app 'clamp' op 0 would write values up to 1e\+04"):
+        check_write_magnitude(half, "clamp", None, "f")
+    check_write_magnitude(full, "add", 1e5, "f")

@@ -78,7 +78,7 @@ def test_graph_variant_follows_the_step_and_dummy_forwards_clear_the_slot_table(
     assert st.active is True and st.high_water == 2 and int(st.tok_slot[:2].ne(0).sum()) == 1
     st.dummy_forward()
     assert st.active is False and st.high_water == 0 and int(st.tok_slot.ne(0).sum()) == 0
-    with st.capture_variant(True):  # during a variant capture the variant is the one captured
+    with st.capture_variant(st.all_mask):  # during a variant capture the variant is the one captured
         st.dummy_forward()
         assert st.active is True
     step(st, cached=["a", "off"])
@@ -123,7 +123,7 @@ def test_graph_wrapper_keeps_one_table_per_variant():
     first = w.concrete_cudagraph_entries
     assert CUDAGraphWrapper.__call__(w) == "ran"  # no forward context: runs the runnable
     assert "_xmix_tables" not in w.__dict__  # called outside a variant capture: one table
-    with st.capture_variant(False):
+    with st.capture_variant(0):
         CUDAGraphWrapper.__call__(w)
     tables = w._xmix_tables
     assert tables[st.all_mask] is first and w.concrete_cudagraph_entries is tables[0] is not first

@@ -204,78 +204,76 @@ def _patch_engine_args() -> None:
 
 # ------------------------------------------------------------------------------------ requests
 
-_DEP_CACHE: dict[int, tuple[object, object, dict[str, str]]] = {}
+#: projections (ablate, clamp) set the stream's projection on r to (1 - c) x.r + c value; x.r is
+#: taken to be at most this in size when checking that a scale c keeps the write in the dtype
+PROJ_SPAN = 64.0
+_DEP_CACHE: dict[int, tuple] = {}
 
 
-def _deployment_of(vllm_config):
-    """(deployment or None, {app name: content hash}), parsed and hashed once per engine config.
+def _deployment_info(vllm_config):
+    """(deployment or None, {app name: content hash}, {app name: [(op index, deployed scale,
+    size)]}, write limit), parsed, hashed and measured once per engine config: per write op the
+    size a scale multiplies (max |finite vector entry| of an add / router bias; for a projection
+    see :func:`check_write_magnitude`), and the largest write the model's dtype holds with
+    headroom (``finfo(dtype).max / 256``).
 
     Hashing an app serialises its vectors (milliseconds for d_model 4096): never per request."""
     key = id(vllm_config)
     hit = _DEP_CACHE.get(key)
     if hit is not None and hit[0] is vllm_config:
-        return hit[1], hit[2]
-    add = vllm_config.additional_config
-    dep = parse_deployment(add[CONFIG_KEY]) if isinstance(add, dict) and CONFIG_KEY in add else None
-    hashes = {a.name: a.content_hash() for a in dep.apps} if dep is not None else {}
-    _DEP_CACHE[key] = (vllm_config, dep, hashes)
-    return dep, hashes
-
-
-#: projections (ablate, clamp) move the stream by scale * (value - x.r): x.r is taken to be at most this
-PROJ_SPAN = 1e3
-_AMP_CACHE: dict[int, tuple[object, dict[str, list[tuple[int, float, float]]], float]] = {}
-
-
-def _write_amplitudes(vllm_config):
-    """({app: [(op index, deployed scale, amplitude)]}, limit): per write op the largest entry a
-    scale multiplies (max |vector| of an add / router bias, finite entries; ``max(|value|,
-    PROJ_SPAN)`` for a projection, whose vector is a unit direction), and the largest write the
-    model's dtype holds with headroom (``finfo(dtype).max / 256``). Computed once per engine config."""
-    key = id(vllm_config)
-    hit = _AMP_CACHE.get(key)
-    if hit is not None and hit[0] is vllm_config:
-        return hit[1], hit[2]
+        return hit[1:]
     import numpy as np
     import torch
 
     from .spec import load_vector
 
-    dep, _ = _deployment_of(vllm_config)
-    amps: dict[str, list[tuple[int, float, float]]] = {}
+    add = vllm_config.additional_config
+    dep = parse_deployment(add[CONFIG_KEY]) if isinstance(add, dict) and CONFIG_KEY in add else None
+    hashes = {a.name: a.content_hash() for a in dep.apps} if dep is not None else {}
+    sizes: dict[str, list[tuple[int, float, float]]] = {}
     for app in (dep.apps if dep is not None else []):
         for oi, op in enumerate(app.ops):
             if op.primitive != "write":
                 continue
             if op.kind in ("ablate", "clamp"):
-                amp = max(abs(float(op.value or 0.0)), PROJ_SPAN)
+                size = abs(float(op.value or 0.0))
             else:
                 v = load_vector(op.vector, f"{app.name}.ops.{oi}.vector", allow_neg_inf=op.kind == "router_bias")
                 v = v[np.isfinite(v)]
-                amp = float(np.abs(v).max()) if v.size else 0.0
-            amps.setdefault(app.name, []).append((oi, float(op.scale), amp))
-    dtype = getattr(vllm_config.model_config, "dtype", torch.float32)
+                size = float(np.abs(v).max()) if v.size else 0.0
+            sizes.setdefault(app.name, []).append((oi, float(op.scale), size))
+    dtype = getattr(vllm_config.model_config, "dtype", None)
     limit = float(torch.finfo(dtype if isinstance(dtype, torch.dtype) else torch.float32).max) / 256
-    _AMP_CACHE[key] = (vllm_config, amps, limit)
-    return amps, limit
+    _DEP_CACHE[key] = (vllm_config, dep, hashes, sizes, limit)
+    return dep, hashes, sizes, limit
+
+
+def _deployment_of(vllm_config):
+    """(deployment or None, {app name: content hash}): see :func:`_deployment_info`."""
+    return _deployment_info(vllm_config)[:2]
 
 
 def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field: str) -> None:
-    """A write whose scale times its vector would overflow the model's dtype puts inf/NaN into
-    the KV cache, whose blocks later requests reuse: refused.
+    """A write whose size overflows the model's dtype puts inf/NaN into the KV cache, whose
+    blocks later requests reuse: refused. Size of an add / router bias: |scale| x max |vector
+    entry|; of a projection with coefficient c (the scale) and target value:
+    |1 - c| x ``PROJ_SPAN`` + |c| x |value| (ablation, c = 1, never grows the stream).
 
     Raises:
-        XmixSpecError: naming the field, the largest write and the dtype's limit."""
-    amps, limit = _write_amplitudes(vllm_config)
-    for oi, deployed, amp in amps.get(app_name, ()):
-        sc = deployed if scale is None else scale
-        if abs(sc) * amp > limit:
+        XmixSpecError: naming the field, the size and the dtype's limit."""
+    dep, _, sizes, limit = _deployment_info(vllm_config)
+    for oi, deployed, size in sizes.get(app_name, ()):
+        c = deployed if scale is None else scale
+        if dep.app(app_name).ops[oi].kind in ("ablate", "clamp"):
+            big = abs(1.0 - c) * PROJ_SPAN + abs(c) * size
+        else:
+            big = abs(c) * size
+        if big > limit:
             dtype = getattr(vllm_config.model_config, "dtype", "float32")
             raise XmixSpecError(
-                f"{field}: app {app_name!r} op {oi} would write values up to {abs(sc) * amp:.3g} "
-                f"(scale {sc:g} x largest vector entry {amp:.3g}); the model's dtype {dtype} holds writes up "
-                f"to {limit:.3g} here: larger ones overflow to inf/NaN, which would reach other requests "
-                "through reused KV-cache blocks")
+                f"{field}: app {app_name!r} op {oi} would write values up to {big:.3g} (scale {c:g}); "
+                f"the model's dtype {dtype} holds writes up to {limit:.3g} here: larger ones overflow to "
+                "inf/NaN, which would reach other requests through reused KV-cache blocks")
 
 
 def validate_request(vllm_config, params):

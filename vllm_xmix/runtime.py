@@ -262,7 +262,6 @@ class XmixState:
         st.variants_enabled = mode != "0" and os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "0") != "1"
         st.variant_mode = mode
         st.run_mask = st.all_mask
-        st.active = True
         st.capturing_variants = False
         st.variant_steps = Counter()
         st._variants = None
@@ -604,7 +603,7 @@ class XmixState:
     def _build_variant_bits(self) -> None:
         """Per entry, the hook units (bit ``site``: the site's op; bit ``n_sites``: the embedding's
         token bookkeeping) it needs to run: in eager forwards every entry needs its site; in
-        compiled ones the unconditional adds (``site_fused``) are applied by torch ops inside the
+        compiled ones the fused writes (``site_fused``) are applied by torch ops inside the
         graph and need no op (``_bits_compiled``)."""
         n = len(self.sites)
         self.tok_unit = n
@@ -657,7 +656,7 @@ class XmixState:
         the default; at most ``VLLM_XMIX_MAX_GRAPH_VARIANTS`` variants in all, 8 by default),
         every site last. ``VLLM_XMIX_GRAPH_VARIANTS=onoff``: app-free and every site only.
         Fixed at the first call (the first capture); from then on a step with apps on replays
-        the smallest variant that covers the apps of every registered request."""
+        the smallest variant that covers the apps of its requests (:meth:`fill`)."""
         if self._variants is None:
             bits = self._bits_compiled if self.fused_mode else self._bits_eager
             masks = [0]
@@ -685,7 +684,7 @@ class XmixState:
         With graph variants enabled (the default; ``VLLM_XMIX_GRAPH_VARIANTS=0`` turns them off) a
         step in which no token belongs to a request with an app on runs none of them, and a step
         with apps on runs the sites of those apps only (the smallest captured variant covering
-        every registered request's apps; without CUDA graphs exactly those sites). This is vLLM's
+        the apps of the step's requests; without CUDA graphs exactly those sites). This is vLLM's
         own device for LoRA (``cudagraph_specialize_lora``: separate graphs with and without
         adapters) applied to MI hooks; cost: every CUDA graph is captured once per variant
         (:meth:`graph_variants`). Without variants every step runs every site.
@@ -693,8 +692,12 @@ class XmixState:
         if not self.variants_enabled:
             mask = self.all_mask
         self.run_mask = mask
-        self.active = mask != 0
         self.variant_steps[mask] += 1
+
+    @property
+    def active(self) -> bool:
+        """Whether any hook op runs in this step (the run mask is not empty)."""
+        return self.run_mask != 0
 
     def runs(self, site: int, fused: int) -> bool:
         """Whether the hook op of ``site`` runs in this forward (``fused``: nonzero when the call
@@ -735,17 +738,13 @@ class XmixState:
     @contextlib.contextmanager
     def capture_variant(self, mask: int):
         """During CUDA-graph capture: capture the variant that runs the hook units in ``mask``
-        (``True``: every site, ``False``: none)."""
-        if mask is True:
-            mask = self.all_mask
-        elif mask is False:
-            mask = 0
-        prev = self.run_mask, self.active, self.capturing_variants
-        self.run_mask, self.active, self.capturing_variants = mask, mask != 0, True
+        (one of :meth:`graph_variants`)."""
+        prev = self.run_mask, self.capturing_variants
+        self.run_mask, self.capturing_variants = mask, True
         try:
             yield
         finally:
-            self.run_mask, self.active, self.capturing_variants = prev
+            self.run_mask, self.capturing_variants = prev
 
     # ---------------------------------------------------------------- reads
     def snapshot(self) -> None:
