@@ -15,7 +15,11 @@
 #   E3: per-app graph variants: GPU0 graphs vs eager | GPU1 serving rate 16 (subset)
 #   F3: GPU0 profiles at rate 16 (vanilla vs steer_all, cast) | GPU1 decode lines (xmix, inactive = baseline)
 #   D2: GPU0 graphs vs eager + decode lines (xmix) | GPU1 serving rate 16 (subset): re-measure after a change
-# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|E3|F3|kernels
+#   G4: GPU0 graphs vs eager | GPU1 decode lines, plain vLLM then xmix (incl. ablate_all)
+#   H4: serving, Llama: GPU0 rate 16, every single-app configuration | GPU1 rate inf, every configuration
+#   I4: GPU0 serving Qwen3-8B rate inf (subset) | GPU1 profiles at rate 16, vanilla vs steer_all
+#   M4: serving, Mixtral-8x7B, both servers TP=2 on GPUs 0,1 (bf16: 47 GB of weights per GPU each), rate inf
+# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|E3|F3|G4|H4|I4|M4|kernels
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -88,6 +92,32 @@ case "${1:-A2}" in
     cp /root/xmix-serve/llama31_8b_prof/profile_*.txt /root/xmix-serve/llama31_8b_prof/trace_*.json \
         /root/xmix-serve/llama31_8b_prof/trace_*_vs_vanilla.md "$L/" 2>/dev/null
     cat "$L"/trace_*_vs_vanilla.md 2>/dev/null | head -c 7000 ;;
+  G4)  # after the fused projections / per-step variant choice: correctness | decode lines vs plain vLLM
+    hooks 0 ${HOOKS_T:-260} &
+    (CUDA_VISIBLE_DEVICES=1 VLLM_PLUGINS= timeout ${PLAIN_T:-170} python3 benchmarks/spine_check.py --model $LL \
+         --mode plain --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput --out "$L/decode_plain.json" \
+         > "$L/decode_plain.log" 2>&1; echo "decode plain rc=$?" >> "$L/rc.txt"
+     CUDA_VISIBLE_DEVICES=1 timeout ${DEC_T:-350} python3 benchmarks/spine_check.py --model $LL --mode xmix \
+         --with-probe --with-cond --with-ablate --on-scales 0.5 --repeats 2 --check-prompts 4 --check-tokens 4 \
+         --skip-throughput --out "$L/decode_xmix.json" > "$L/decode_xmix.log" 2>&1
+     echo "decode xmix rc=$?" >> "$L/rc.txt") &
+    wait ;;
+  H4)  # serving, Llama, current code: rate 16 single apps | rate inf every configuration
+    XMIX_SERVE_TAG=_r16 serve 0 $LL ${SERVE_T:-555} --rates 16 --repeats 2 \
+        --configs inactive,steer_one,steer_all,ablate_all,probe_one,seal,cast &
+    (XMIX_SERVE_TAG=_inf serve 1 $LL ${SERVE_T:-555} --rates inf --repeats 2 --port 8201) &
+    wait ;;
+  I4)  # Qwen3-8B serving | profiles (the upload ring's extra blocking sync per step, mixed-step host time)
+    serve 0 $QW ${SERVE_T:-540} --rates inf --repeats 2 --configs inactive,steer_all,ablate_all,probe_one,cast &
+    XMIX_SERVE_TAG=_prof serve 1 $LL ${P3_T:-540} --rates 16 --repeats 0 --configs steer_all \
+        --profile steer_all --profile-steps 150,300 --port 8201 &
+    wait
+    cp /root/xmix-serve/llama31_8b_prof/trace_*.json /root/xmix-serve/llama31_8b_prof/trace_*_vs_vanilla.md "$L/" 2>/dev/null
+    cat "$L"/trace_*_vs_vanilla.md 2>/dev/null | head -c 5000 ;;
+  M4)  # Mixtral-8x7B serving: both servers TP=2 over the two GPUs, one at a time busy
+    (export CUDA_VISIBLE_DEVICES=0,1; serve 0,1 benchmarks/models/mixtral_8x7b ${SERVE_T:-570} --rates inf --repeats 1 \
+        --gpu-mem 0.47 --server-args "--tensor-parallel-size 2" \
+        --configs inactive,steer_all,ablate_all,probe_one,cast,router_mask) ;;
   P3)  # per-step profile summaries | Mixtral graphs vs eager (V1 runner)
     XMIX_SERVE_TAG=_prof serve 0 $LL ${P3_T:-560} --rates 16 --repeats 0 --configs steer_all,probe_one,cast \
         --profile steer_all,probe_one,cast &
