@@ -122,7 +122,8 @@ def run(args) -> None:
     apps = apps_for(cfg)
     t0 = time.time()
     llm = LLM(model=args.model, load_format="dummy", skip_tokenizer_init=True, dtype=args.dtype,
-              max_model_len=1024, enforce_eager=args.eager, seed=0, additional_config=deploy(*apps),
+              max_model_len=1024, enforce_eager=args.eager, seed=0,
+              additional_config=deploy(*apps, fused_writes=args.fused_writes),
               gpu_memory_utilization=args.gpu_mem, max_num_batched_tokens=512)
     vc = llm.llm_engine.vllm_config
     rng = np.random.default_rng(1)
@@ -213,6 +214,8 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--gpu-mem", type=float, default=0.9)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--fused-writes", choices=["adds", "all", "none"], default="adds",
+                    help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     ap.add_argument("--compare", nargs=2)
     a = ap.parse_args()
     compare(*a.compare) if a.compare else run(a)

@@ -18,8 +18,9 @@
 #   G4: GPU0 graphs vs eager | GPU1 decode lines, plain vLLM then xmix (incl. ablate_all)
 #   H4: serving, Llama: GPU0 rate 16, every single-app configuration | GPU1 rate inf, every configuration
 #   I4: GPU0 serving Qwen3-8B rate inf (subset) | GPU1 profiles at rate 16, vanilla vs steer_all
+#   J4: decode lines by the deployment's fused_writes: GPU0 plain, none, adds | GPU1 plain, all, adds (every app kind)
 #   M4: serving, Mixtral-8x7B, both servers TP=2 on GPUs 0,1 (bf16: 47 GB of weights per GPU each), rate inf
-# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|E3|F3|G4|H4|I4|M4|kernels
+# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|E3|F3|G4|H4|I4|J4|M4|kernels
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -36,6 +37,17 @@ serve() {  # $1 gpu, $2 model dir, $3 timeout, rest: serve_bench arguments
   cp "$s/results.json" "$OUT/serve_results_$(basename $m)${XMIX_SERVE_TAG:-}.json" 2>/dev/null
   tail -c 4000 "$s/xmix.log" > "$L/xmix_server_$(basename $m)${XMIX_SERVE_TAG:-}.log" 2>/dev/null
   grep -h "Graph capturing finished\|KV cache\|Available KV" "$s/xmix.log" "$s/vanilla.log" >> "$L/servers.txt" 2>/dev/null
+}
+fw() {  # $1 gpu, $2 fused_writes, $3 timeout, rest: spine_check flags: decode lines of one deployment
+  local g=$1 f=$2 t=$3; shift 3
+  CUDA_VISIBLE_DEVICES=$g timeout $t python3 benchmarks/spine_check.py --model $LL --mode xmix --fused-writes $f \
+      --on-scales 0.5 --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput "$@" \
+      --out "$L/decode_${f}_gpu$g.json" > "$L/decode_${f}_gpu$g.log" 2>&1; echo "decode $f gpu$g rc=$?" >> "$L/rc.txt"
+}
+plain() {  # $1 gpu, $2 timeout
+  CUDA_VISIBLE_DEVICES=$1 VLLM_PLUGINS= timeout $2 python3 benchmarks/spine_check.py --model $LL --mode plain \
+      --repeats 2 --check-prompts 4 --check-tokens 4 --skip-throughput --out "$L/decode_plain_gpu$1.json" \
+      > "$L/decode_plain_gpu$1.log" 2>&1; echo "decode plain gpu$1 rc=$?" >> "$L/rc.txt"
 }
 decode() {  # decode step time, batch 1/8/64: plain vLLM, then inactive / add all / probe / seal / cast (GPU 1)
   CUDA_VISIBLE_DEVICES=1 VLLM_PLUGINS= timeout 200 python3 benchmarks/spine_check.py --model $LL --mode plain \
@@ -103,9 +115,9 @@ case "${1:-A2}" in
      echo "decode xmix rc=$?" >> "$L/rc.txt") &
     wait ;;
   H4)  # serving, Llama, current code: rate 16 single apps | rate inf every configuration
-    XMIX_SERVE_TAG=_r16 serve 0 $LL ${SERVE_T:-555} --rates 16 --repeats 2 \
+    XMIX_SERVE_TAG=_r16 serve 0 $LL ${SERVE_T:-555} --rates 16 --repeats 2 --fused-writes ${FUSED:-adds} \
         --configs inactive,steer_one,steer_all,ablate_all,probe_one,seal,cast &
-    (XMIX_SERVE_TAG=_inf serve 1 $LL ${SERVE_T:-555} --rates inf --repeats 2 --port 8201) &
+    (XMIX_SERVE_TAG=_inf serve 1 $LL ${SERVE_T:-555} --rates inf --repeats 2 --port 8201 --fused-writes ${FUSED:-adds}) &
     wait ;;
   I4)  # Qwen3-8B serving | profiles (the upload ring's extra blocking sync per step, mixed-step host time)
     serve 0 $QW ${SERVE_T:-540} --rates inf --repeats 2 --configs inactive,steer_all,ablate_all,probe_one,cast &
@@ -114,6 +126,11 @@ case "${1:-A2}" in
     wait
     cp /root/xmix-serve/llama31_8b_prof/trace_*.json /root/xmix-serve/llama31_8b_prof/trace_*_vs_vanilla.md "$L/" 2>/dev/null
     cat "$L"/trace_*_vs_vanilla.md 2>/dev/null | head -c 5000 ;;
+  J4)  # what fused writes cost every request: decode lines, steer_all + ablate_all deployed, by fused_writes
+    (plain 0 ${PLAIN_T:-130}; fw 0 none ${FW_T:-220} --with-ablate; fw 0 adds ${FW_T:-220} --with-ablate) &
+    (plain 1 ${PLAIN_T:-130}; fw 1 all ${FW_T:-220} --with-ablate
+     fw 1 adds ${FW2_T:-240} --with-ablate --with-probe --with-cond) &
+    wait ;;
   M4)  # Mixtral-8x7B serving: both servers TP=2 over the two GPUs, one at a time busy
     (export CUDA_VISIBLE_DEVICES=0,1; serve 0,1 benchmarks/models/mixtral_8x7b ${SERVE_T:-570} --rates inf --repeats 1 \
         --gpu-mem 0.47 --server-args "--tensor-parallel-size 2" \
@@ -134,7 +151,7 @@ case "${1:-A2}" in
     wait ;;
 esac
 cat "$L/rc.txt" 2>/dev/null
-grep -h "RESULT\|DECODE" "$L"/decode_*.log 2>/dev/null | cut -c1-600
+grep "DECODE" "$L"/decode_*.log 2>/dev/null | sed "s|.*/decode_||" | cut -c1-400
 tail -n 3 "$L/kernels.log" "$L/hooks_compare.txt" 2>/dev/null
 tail -n 30 "$L"/serve_*.log 2>/dev/null | grep -v "^$" | tail -n 40
 tar czf "$OUT/${1:-A2}.tgz" -C /tmp/xmix-logs "${1:-A2}"

@@ -363,6 +363,8 @@ def main() -> int:
     ap.add_argument("--gpu-mem", type=float, default=0.42)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--fused-writes", choices=["adds", "all", "none"], default="adds",
+                    help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     ap.add_argument("--max-prompt-len", type=int, default=1024)
     ap.add_argument("--server-args", default="", help="extra arguments for both servers (e.g. --enforce-eager)")
     ap.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
@@ -431,7 +433,7 @@ def main() -> int:
     # the deployment goes in through vLLM's --config YAML (JSON is YAML): a token set of 25k ids
     # would make an --additional-config argument longer than the OS allows (128 KiB)
     xmix_cfg = os.path.join(args.out, "xmix_config.yaml")
-    json.dump({"additional-config": deploy(*apps)}, open(xmix_cfg, "w"))
+    json.dump({"additional-config": deploy(*apps, fused_writes=args.fused_writes)}, open(xmix_cfg, "w"))
     title = f"{os.path.basename(args.model.rstrip('/'))}, {args.num_prompts} prompts, {args.output_len} output tokens"
     # resumable: runs of earlier invocations (other rates / configs) stay in results.json
     runs: list[dict] = json.load(open(res_path)) if os.path.exists(res_path) else []

@@ -49,6 +49,8 @@ def main() -> None:
                     help="also deploy 'ablate_all' (directional ablation at hook_resid_pre of every layer, "
                          "Arditi et al.) and benchmark it")
     ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--fused-writes", choices=["adds", "all", "none"], default="adds",
+                    help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -86,12 +88,12 @@ def main() -> None:
             abl = MIApp("ablate_all")
             abl.write("ablate", vector=r).layers("all").submodule("hook_resid_pre")
             apps.append(abl)
-        kw["additional_config"] = deploy(*apps)
+        kw["additional_config"] = deploy(*apps, fused_writes=args.fused_writes)
     t0 = time.time()
     llm = LLM(**kw)
     startup = time.time() - t0
     vc = llm.llm_engine.vllm_config
-    info = dict(mode=args.mode, eager=args.eager, startup_s=round(startup, 1),
+    info = dict(mode=args.mode, eager=args.eager, fused_writes=args.fused_writes, startup_s=round(startup, 1),
                 v2_runner=bool(getattr(vc, "use_v2_model_runner", False)),
                 cudagraph_mode=str(vc.compilation_config.cudagraph_mode),
                 compile_mode=str(vc.compilation_config.mode))

@@ -37,7 +37,7 @@ READS = {
 BIAS = 0.25
 
 
-def deployment():
+def deployment(fused_writes="adds"):
     from vllm_xmix import MIApp, deploy
 
     apps = []
@@ -58,7 +58,7 @@ def deployment():
         a = MIApp(name)
         a.write(kind, vector=unit_rms(seed) * 3.0, scale=scale, value=value).layers(layers).submodule(hook)
         apps.append(a)
-    return deploy(*apps)
+    return deploy(*apps, fused_writes=fused_writes)
 
 
 def proj_fns(names, scales=None):
@@ -85,18 +85,21 @@ def deltas(names, scale=SCALE):
     return out
 
 
-@pytest.fixture(scope="module", params=[("llama", "eager"), ("llama", "compiled"), ("qwen3", "eager"),
-                                        ("qwen3", "compiled"), ("mixtral", "eager"), ("mixtral", "compiled")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+# compiled engines: Llama with the default fused_writes="adds" (projections through the op),
+# Qwen3 and Mixtral with "all" (projections as torch ops in the graph)
+@pytest.fixture(scope="module", params=[("llama", "eager", "adds"), ("llama", "compiled", "adds"),
+                                        ("qwen3", "eager", "all"), ("qwen3", "compiled", "all"),
+                                        ("mixtral", "eager", "all"), ("mixtral", "compiled", "all")],
+                ids=lambda p: f"{p[0]}-{p[1]}" + ("" if p[2] == "adds" else f"-fused_{p[2]}"))
 def arch_engine(request, tmp_path_factory):
     from conftest import HFOracle
 
     from vllm_xmix.tiny import build_tiny_model
 
-    arch, mode = request.param
+    arch, mode, fused = request.param
     model = build_tiny_model(arch, root=tmp_path_factory.mktemp(arch) / f"tiny-{arch}")
-    llm = make_llm(model, mode, additional_config=deployment())
-    llm.mode = mode
+    llm = make_llm(model, mode, additional_config=deployment(fused))
+    llm.mode, llm.fused_writes = mode, fused
     yield llm, HFOracle(model)
     close_llm(llm)
 
@@ -145,9 +148,10 @@ def test_ablate_and_clamp_each_hook_equal_hf(arch_engine):
 
 
 def test_compiled_projections_run_inside_the_graph(arch_engine, monkeypatch):
-    """Unconditional ablations and clamps at residual-stream sites are torch ops inside the
-    compiled graph (``XmixState.site_fused``): no row-write kernel of ours runs for them, while
-    eager runs do run it; both equal HF. Counted at the kernel entry point."""
+    """With ``fused_writes="all"``, unconditional ablations and clamps at residual-stream sites
+    are torch ops inside the compiled graph (``XmixState.site_fused``): no row-write kernel of
+    ours runs for them; with the default ``"adds"`` and in eager runs the op runs them. All equal
+    HF. Counted at the kernel entry point."""
     import vllm_xmix.ops as ops
 
     llm, hf = arch_engine
@@ -156,10 +160,10 @@ def test_compiled_projections_run_inside_the_graph(arch_engine, monkeypatch):
     monkeypatch.setattr(ops, "row_write_reference", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     for name in ("abl_attn", "clamp_post"):
         assert gen(llm, [name]) == [hf.greedy(p, N, fns=proj_fns([name])) for p in PROMPTS], name
-    if llm.mode == "eager":
-        assert calls, "eager: the projections ran no row-write kernel"
+    if llm.mode == "eager" or llm.fused_writes != "all":
+        assert calls, f"{llm.mode}, fused_writes={llm.fused_writes}: the projections ran no row-write kernel"
     else:
-        assert not calls, "compiled: the projections were not fused into the graph"
+        assert not calls, "compiled, fused_writes='all': the projections were not fused into the graph"
 
 
 def test_projection_and_add_compose_in_order(arch_engine):

@@ -142,7 +142,7 @@ def test_graph_wrapper_keeps_one_table_per_variant():
     assert w._xmix_tables is None
 
 
-def multi_state(fused_mode=None):
+def multi_state(fused_mode=None, fused_writes="all"):
     """Five apps on a 4-layer model: a steering add at resid_post of every layer and a
     directional ablation at resid_pre of layer 2 (both unconditional: fusible into the compiled
     graph), a probe at resid_post of layer 1 (shares that site with the add), a SEAL-style add on
@@ -158,10 +158,36 @@ def multi_state(fused_mode=None):
     apps[2].read("linear_probe", weight=unit_rms(2)).layers([1]).submodule("hook_resid_post")
     apps[3].write("add", vector=unit_rms(3)).layers([3]).submodule("hook_mlp_out").cond(tokens=[5, 6])
     apps[4].write("clamp", vector=unit_rms(4), value=1.0).layers([3]).submodule("hook_mlp_out")
-    st = XmixState.build(parse_deployment(deploy(*apps)["xmix"]), 4, 64, torch.device("cpu"), 64, 8,
-                         vocab_size=32, max_model_len=64)
+    st = XmixState.build(parse_deployment(deploy(*apps, fused_writes=fused_writes)["xmix"]), 4, 64,
+                         torch.device("cpu"), 64, 8, vocab_size=32, max_model_len=64)
     st.fused_mode = fused_mode
     return st
+
+
+def test_fused_writes_setting_chooses_what_the_graph_applies():
+    """``fused_writes``: "adds" (default) fuses the unconditional adds only, so the ablation and
+    the clamp run through the op in their own variants (and the app-free graph holds no
+    projection); "all" also fuses the ablation (its site has only unconditional writes; the
+    clamp shares a site with a conditional write); "none" fuses nothing and steer_all gets a
+    variant of its own. A bad value names the field."""
+    from vllm_xmix import deploy
+    from vllm_xmix import XmixSpecError
+
+    names = {}
+    for mode in ("adds", "all", "none"):
+        st = multi_state(fused_mode=True, fused_writes=mode)
+        names[mode] = sorted(st.site_names[s] for s in range(len(st.sites)) if st.site_fused[s])
+        step(st, new_reqs=[req("a", "ablate")])
+        ablate_runs = sites_of(st, st.run_mask)
+        step(st, finished=["a"], new_reqs=[req("b", "steer_all")])
+        steer_runs = sites_of(st, st.run_mask)
+        names[mode] = (names[mode], ablate_runs, steer_runs)
+    posts = [f"blocks.{L}.hook_resid_post" for L in range(4)]
+    assert names["adds"] == (posts, ["blocks.2.hook_resid_pre"], [])
+    assert names["all"] == (sorted(posts + ["blocks.2.hook_resid_pre"]), [], [])
+    assert names["none"] == ([], ["blocks.2.hook_resid_pre"], posts)
+    with pytest.raises(XmixSpecError, match="fused_writes"):
+        deploy(fused_writes="some")
 
 
 def req(rid, *apps):

@@ -289,11 +289,12 @@ class XmixState:
         return st
 
     def _split_fused(self) -> None:
-        """Which write entries the compiled graph applies as plain torch ops (``site_fused``):
-        unconditional ``add`` entries at residual-stream sites without projection writes, and
-        every write of a residual-stream site whose writes are all unconditional (adds,
-        directional ablations, clamps; ``site_fused_spec``: ``(entry, kind, value)`` in the site's
-        order). Under torch.compile the hook emits them as torch ops (a gather of the token's
+        """Which write entries the compiled graph applies as plain torch ops (``site_fused``),
+        by the deployment's ``fused_writes``: ``"adds"``: unconditional ``add`` entries at
+        residual-stream sites without projection writes; ``"all"``: also every write of a
+        residual-stream site whose writes are all unconditional (adds, directional ablations,
+        clamps; ``site_fused_spec``: ``(entry, kind, value)`` in the site's order); ``"none"``:
+        nothing. Under torch.compile the hook emits them as torch ops (a gather of the token's
         coefficients, multiply-adds, for projections a row dot product) that Inductor fuses into
         the neighbouring kernels (the next residual add + RMSNorm), so they cost no launch of
         ours; the custom op then applies the rest (``site_rest``: conditional writes, and
@@ -309,11 +310,14 @@ class XmixState:
         self.site_fused_id: list[int] = [0] * n  # what a compiled graph must say it applied (ops.hook_write_)
         self.site_rest, self.site_rest_host = list(self.site_entries), list(self.site_entries_host)
         self.site_fused_t: list[torch.Tensor | None] = [None] * n  # sites with fused and other writes
+        mode = self.deployment.fused_writes
         for (L, hook), sid in self.sites.items():
             writes = self.site_entries_host[sid] or []
-            if hook not in RESIDUAL_HOOKS:
+            if hook not in RESIDUAL_HOOKS or mode == "none":
                 continue
-            if self.site_has_proj[sid]:  # projections do not commute: all of the site's writes or none
+            if self.site_has_proj[sid]:
+                if mode != "all":
+                    continue  # projections do not commute: all of the site's writes or none
                 fused = tuple(writes) if all(self.entries[e].ckind == 0 for e in writes) else ()
             else:
                 fused = tuple(e for e in writes if self.entries[e].kind == ADD and self.entries[e].ckind == 0)

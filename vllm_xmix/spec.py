@@ -488,6 +488,14 @@ class DeploymentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     apps: list[AppSpec] = Field(default_factory=list)
+    #: which unconditional residual-stream writes a compiled engine applies as torch ops inside
+    #: its graph (Inductor fuses them into the next residual add + RMSNorm) instead of through
+    #: the hook op: ``"adds"`` (default: steering adds at sites without projections), ``"all"``
+    #: (also directional ablations and clamps: sites whose writes are all unconditional),
+    #: ``"none"``. Fused writes sit in every CUDA-graph variant, the app-free one included, so
+    #: they cost every request a little (measured: benchmarks/RESULTS.md), while a write through
+    #: the op costs only the steps whose requests use it (one launch per site).
+    fused_writes: Literal["adds", "all", "none"] = "adds"
     #: set by the plugin at engine configuration (``"vllm-xmix <version>"``); keys the compile cache
     runtime: str | None = None
 
@@ -1009,11 +1017,14 @@ class MIApp:
         return self.to_spec().content_hash()
 
 
-def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict) -> dict[str, Any]:
+def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict, fused_writes: str = "adds") -> dict[str, Any]:
     """Build vLLM's ``additional_config`` for these apps: ``{"xmix": {"apps": [...]}}``.
 
+    ``fused_writes``: ``"adds"`` (default), ``"all"`` or ``"none"``: which unconditional writes a
+    compiled engine applies inside its graph (:class:`DeploymentConfig`).
+
     Raises:
-        XmixSpecError: for an invalid app (the message names the field).
+        XmixSpecError: for an invalid app or ``fused_writes`` (the message names the field).
     """
     specs = []
     for a in apps:
@@ -1023,5 +1034,5 @@ def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict) -> dict[str, Any]:
             specs.append(a)
         else:
             specs.append(parse_deployment({"apps": [a]}).apps[0])
-    dep = parse_deployment({"apps": [s.model_dump(mode="json") for s in specs]})
+    dep = parse_deployment({"apps": [s.model_dump(mode="json") for s in specs], "fused_writes": fused_writes})
     return {CONFIG_KEY: dep.model_dump(mode="json", exclude_none=True)}
