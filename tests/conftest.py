@@ -51,7 +51,7 @@ def deployment():
     happy.write("add", vector=V_HAPPY, scale=HAPPY_SCALE).layers(HAPPY_LAYERS).submodule("hook_resid_post")
     sad = MIApp("sad")
     sad.write("add", vector=V_SAD, scale=SAD_SCALE).layers("all")
-    return deploy(happy, sad)
+    return deploy(happy, sad, fused_writes="adds")  # compiled engines: the adds fused into the graph
 
 
 def app_deltas(apps: list[dict]) -> dict[int, np.ndarray]:

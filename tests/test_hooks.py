@@ -37,7 +37,7 @@ READS = {
 BIAS = 0.25
 
 
-def deployment(fused_writes="adds"):
+def deployment(fused_writes="none"):
     from vllm_xmix import MIApp, deploy
 
     apps = []
@@ -85,12 +85,12 @@ def deltas(names, scale=SCALE):
     return out
 
 
-# compiled engines: Llama with the default fused_writes="adds" (projections through the op),
-# Qwen3 and Mixtral with "all" (projections as torch ops in the graph)
-@pytest.fixture(scope="module", params=[("llama", "eager", "adds"), ("llama", "compiled", "adds"),
-                                        ("qwen3", "eager", "all"), ("qwen3", "compiled", "all"),
+# each fused_writes setting on one architecture: Llama the default "none" (every write through
+# the op), Qwen3 "adds" (steering adds in the graph), Mixtral "all" (projections too)
+@pytest.fixture(scope="module", params=[("llama", "eager", "none"), ("llama", "compiled", "none"),
+                                        ("qwen3", "eager", "adds"), ("qwen3", "compiled", "adds"),
                                         ("mixtral", "eager", "all"), ("mixtral", "compiled", "all")],
-                ids=lambda p: f"{p[0]}-{p[1]}" + ("" if p[2] == "adds" else f"-fused_{p[2]}"))
+                ids=lambda p: f"{p[0]}-{p[1]}" + ("" if p[2] == "none" else f"-fused_{p[2]}"))
 def arch_engine(request, tmp_path_factory):
     from conftest import HFOracle
 
@@ -150,7 +150,7 @@ def test_ablate_and_clamp_each_hook_equal_hf(arch_engine):
 def test_compiled_projections_run_inside_the_graph(arch_engine, monkeypatch):
     """With ``fused_writes="all"``, unconditional ablations and clamps at residual-stream sites
     are torch ops inside the compiled graph (``XmixState.site_fused``): no row-write kernel of
-    ours runs for them; with the default ``"adds"`` and in eager runs the op runs them. All equal
+    ours runs for them; with ``"adds"``, the default ``"none"`` and in eager runs the op runs them. All equal
     HF. Counted at the kernel entry point."""
     import vllm_xmix.ops as ops
 

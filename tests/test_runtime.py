@@ -165,11 +165,11 @@ def multi_state(fused_mode=None, fused_writes="all"):
 
 
 def test_fused_writes_setting_chooses_what_the_graph_applies():
-    """``fused_writes``: "adds" (default) fuses the unconditional adds only, so the ablation and
+    """``fused_writes``: "adds" fuses the unconditional adds only, so the ablation and
     the clamp run through the op in their own variants (and the app-free graph holds no
     projection); "all" also fuses the ablation (its site has only unconditional writes; the
-    clamp shares a site with a conditional write); "none" fuses nothing and steer_all gets a
-    variant of its own. A bad value names the field."""
+    clamp shares a site with a conditional write); "none" (the default) fuses nothing and
+    steer_all gets a variant of its own. A bad value names the field."""
     from vllm_xmix import deploy
     from vllm_xmix import XmixSpecError
 

@@ -290,11 +290,11 @@ class XmixState:
 
     def _split_fused(self) -> None:
         """Which write entries the compiled graph applies as plain torch ops (``site_fused``),
-        by the deployment's ``fused_writes``: ``"adds"``: unconditional ``add`` entries at
-        residual-stream sites without projection writes; ``"all"``: also every write of a
-        residual-stream site whose writes are all unconditional (adds, directional ablations,
-        clamps; ``site_fused_spec``: ``(entry, kind, value)`` in the site's order); ``"none"``:
-        nothing. Under torch.compile the hook emits them as torch ops (a gather of the token's
+        by the deployment's ``fused_writes``: ``"none"`` (default): nothing; ``"adds"``:
+        unconditional ``add`` entries at residual-stream sites without projection writes;
+        ``"all"``: also every write of a residual-stream site whose writes are all unconditional
+        (adds, directional ablations, clamps; ``site_fused_spec``: ``(entry, kind, value)`` in
+        the site's order). Under torch.compile the hook emits them as torch ops (a gather of the token's
         coefficients, multiply-adds, for projections a row dot product) that Inductor fuses into
         the neighbouring kernels (the next residual add + RMSNorm), so they cost no launch of
         ours; the custom op then applies the rest (``site_rest``: conditional writes, and
