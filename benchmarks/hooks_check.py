@@ -214,7 +214,7 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--gpu-mem", type=float, default=0.9)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--fused-writes", choices=["adds", "all", "none"], default="adds",
+    ap.add_argument("--fused-writes", choices=["none", "adds", "all"], default="none",
                     help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     ap.add_argument("--compare", nargs=2)
     a = ap.parse_args()

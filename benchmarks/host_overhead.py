@@ -18,7 +18,14 @@ time, and the *cumulative* time of the entry points (``fill``, ``update_requests
 With one app on, only that app's sites run (graph variants per app; eager here: exactly the sites
 the registered requests need).
 
+``--serving-deployment MODEL_DIR`` (e.g. benchmarks/models/llama31_8b): no engine; the worker-side
+runtime alone (``XmixState`` on CPU tensors, built from serve_bench.py's deployment for that
+config: full-size vectors, 7 apps) driven with scheduler outputs shaped like vLLM's: per app, the
+median host time of ``update_requests`` + ``fill`` + read snapshot / transport for a mixed step
+(one new request of 220 prompt tokens beside 40 decoding ones) and for a decode step.
+
 usage: python benchmarks/host_overhead.py [--batch 64] [--tokens 64] [--configs none,steer_all,probe_one,cast]
+       python benchmarks/host_overhead.py --serving-deployment benchmarks/models/llama31_8b
 """
 
 from __future__ import annotations
@@ -39,7 +46,11 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--configs", default="none,steer_all,probe_one,cast")
+    ap.add_argument("--serving-deployment", metavar="MODEL_DIR",
+                    help="time the worker-side runtime alone with serve_bench.py's deployment for this config")
     args = ap.parse_args()
+    if args.serving_deployment:
+        return runtime_steps(args.serving_deployment)
 
     import numpy as np
     from vllm import LLM, SamplingParams
@@ -89,6 +100,62 @@ def main() -> int:
         for tt, ct, nc, label in sorted(ours, key=lambda x: -x[1]):
             if label.endswith(entry):
                 print(f"      cumulative {ct / steps * 1e3:7.4f} ms/step  {nc:6d} calls  {label}")
+    return 0
+
+
+def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int = 300) -> int:
+    """Per app of serve_bench.py's deployment: median host ms of the runtime's per-step work
+    (``update_requests``, ``fill``, ``snapshot`` / ``reads_of``) in a mixed and a decode step."""
+    import json
+    from types import SimpleNamespace as NS
+
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import serve_bench
+
+    from vllm_xmix import deploy
+    from vllm_xmix.runtime import XmixState
+    from vllm_xmix.spec import parse_deployment
+
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    import tempfile
+
+    apps = serve_bench.apps_for(cfg, tempfile.mkdtemp(prefix="xmix-vecs-"))
+    st = XmixState.build(parse_deployment(deploy(*apps)["xmix"]), cfg["num_hidden_layers"], cfg["hidden_size"],
+                         torch.device("cpu"), 8192, 257, vocab_size=cfg["vocab_size"], max_model_len=4096)
+    st.fused_mode = True
+
+    def step(new, cached, finished=(), tokens=None):
+        so = NS(finished_req_ids=set(finished), preempted_req_ids=set(), scheduled_new_reqs=new,
+                scheduled_cached_reqs=NS(req_ids=list(cached), num_computed_tokens=[prompt + 10] * len(cached)))
+        t = time.perf_counter()
+        st.update_requests(so)
+        ids = [r.req_id for r in new] + list(cached)
+        st.fill(ids, np.asarray(tokens if tokens is not None else [1] * len(ids)), n_padded=len(ids) + prompt)
+        st.snapshot()
+        snap = st.pop_snapshot()
+        if snap is not None:
+            st.reads_of(snap)
+        return time.perf_counter() - t
+
+    print(f"{os.path.basename(model_dir.rstrip('/'))}: runtime host ms per step (mixed: 1 new request of "
+          f"{prompt} tokens + {running} decoding; decode: {running + 1} decoding)")
+    for app in [a.name for a in apps]:
+        live, mixed, dec = [], [], []
+        for i in range(n):
+            rid = f"{app}-{i}"
+            fin = live[:1] if len(live) >= running else []
+            live = live[len(fin):]
+            req = NS(req_id=rid, sampling_params=NS(extra_args={"xmix": {"apps": [{"name": app}]}}),
+                     prompt_token_ids=list(range(prompt)), num_computed_tokens=0)
+            mixed.append(step([req], live, fin, [prompt] + [1] * len(live)))
+            live.append(rid)
+            dec.append(step([], live))
+        for r in live:
+            st._forget(r)
+        print(f"  {app:12s} mixed {np.median(mixed[50:]) * 1e3:6.3f}  decode {np.median(dec[50:]) * 1e3:6.3f}")
     return 0
 
 

@@ -19,8 +19,10 @@
 #   H4: serving, Llama: GPU0 rate 16, every single-app configuration | GPU1 rate inf, every configuration
 #   I4: GPU0 serving Qwen3-8B rate inf (subset) | GPU1 profiles at rate 16, vanilla vs steer_all
 #   J4: decode lines by the deployment's fused_writes: GPU0 plain, none, adds | GPU1 plain, all, adds (every app kind)
+#   K5: GPU0 profiles with Python stacks at rate 16 (vanilla vs steer_all, probe_one) | GPU1 rate 16, 3 rounds
+#   S5: saturation with 1000 prompts: GPU0 Llama (inactive, steer_all, K256, all_apps) | GPU1 Qwen3-8B (subset)
 #   M4: serving, Mixtral-8x7B, both servers TP=2 on GPUs 0,1 (bf16: 47 GB of weights per GPU each), rate inf
-# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|E3|F3|G4|H4|I4|J4|M4|kernels
+# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|E3|F3|G4|H4|I4|J4|K5|S5|M4|kernels
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -37,6 +39,7 @@ serve() {  # $1 gpu, $2 model dir, $3 timeout, rest: serve_bench arguments
   cp "$s/results.json" "$OUT/serve_results_$(basename $m)${XMIX_SERVE_TAG:-}.json" 2>/dev/null
   tail -c 4000 "$s/xmix.log" > "$L/xmix_server_$(basename $m)${XMIX_SERVE_TAG:-}.log" 2>/dev/null
   grep -h "Graph capturing finished\|KV cache\|Available KV" "$s/xmix.log" "$s/vanilla.log" >> "$L/servers.txt" 2>/dev/null
+  grep -h "WARNING.*vllm_xmix\|vllm_xmix.*wait\|hook variants" "$s/xmix.log" 2>/dev/null | tail -n 20 >> "$L/xmix_warnings.txt"
 }
 fw() {  # $1 gpu, $2 fused_writes, $3 timeout, rest: spine_check flags: decode lines of one deployment
   local g=$1 f=$2 t=$3; shift 3
@@ -131,6 +134,20 @@ case "${1:-A2}" in
     (plain 1 ${PLAIN_T:-130}; fw 1 all ${FW_T:-220} --with-ablate
      fw 1 adds ${FW2_T:-240} --with-ablate --with-probe --with-cond) &
     wait ;;
+  K5)  # where the TTFT goes (host time per mixed step, by Python function) | rate 16 with more rounds
+    XMIX_SERVE_TAG=_prof serve 0 $LL ${P3_T:-560} --rates 16 --repeats 0 --configs steer_all,probe_one \
+        --profile steer_all,probe_one --profile-stack --profile-steps 150,150 &
+    XMIX_SERVE_TAG=_r16b serve 1 $LL ${SERVE_T:-560} --rates 16 --repeats 3 --port 8201 \
+        --configs inactive,steer_all,ablate_all,probe_one,cast &
+    wait
+    cp /root/xmix-serve/llama31_8b_prof/trace_*.json /root/xmix-serve/llama31_8b_prof/trace_*_vs_vanilla.md "$L/" 2>/dev/null
+    cat "$L"/trace_*_vs_vanilla.md 2>/dev/null | grep -A17 "Python function, mixed" | head -c 6000 ;;
+  S5)  # saturation, 1000 prompts per run (250-prompt runs last ~3 s and gave +-10% CIs)
+    XMIX_SERVE_TAG=_inf1000 serve 0 $LL ${SERVE_T:-560} --rates inf --repeats 3 --num-prompts 1000 \
+        --configs inactive,steer_all,steer_all_K256,all_apps &
+    serve 1 $QW ${SERVE_T:-560} --rates inf --repeats 2 --num-prompts 1000 --port 8201 \
+        --configs inactive,steer_all,ablate_all,probe_one,cast &
+    wait ;;
   M4)  # Mixtral-8x7B serving: both servers TP=2 over the two GPUs, one at a time busy
     (export CUDA_VISIBLE_DEVICES=0,1; serve 0,1 benchmarks/models/mixtral_8x7b ${SERVE_T:-570} --rates inf --repeats 1 \
         --gpu-mem 0.47 --server-args "--tensor-parallel-size 2" \
@@ -153,5 +170,6 @@ esac
 cat "$L/rc.txt" 2>/dev/null
 grep "DECODE" "$L"/decode_*.log 2>/dev/null | sed "s|.*/decode_||" | cut -c1-400
 tail -n 3 "$L/kernels.log" "$L/hooks_compare.txt" 2>/dev/null
+cut -c1-220 "$L/xmix_warnings.txt" 2>/dev/null | tail -n 6
 tail -n 30 "$L"/serve_*.log 2>/dev/null | grep -v "^$" | tail -n 40
 tar czf "$OUT/${1:-A2}.tgz" -C /tmp/xmix-logs "${1:-A2}"

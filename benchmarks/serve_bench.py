@@ -299,11 +299,14 @@ def summarize(runs: list[dict], out_dir: str, title: str) -> str:
                 continue
             meds = [f"{np.median([r['result'][m[0]] for r in cur]):.2f}" for m in METRICS]
             ratios = []
+            # paired by round: only rounds with both runs (a sweep cut mid-round keeps the rest)
+            b_by = {r["round"]: r for r in base}
+            pairs = [(r, b_by[r["round"]]) for r in cur if r["round"] in b_by]
             for key, label, _ in METRICS:
-                if c == "vanilla" or len(base) != len(cur):
+                if c == "vanilla" or not pairs:
                     ratios.append("-")
                     continue
-                med, lo, hi = ratio_ci([r["result"][key] for r in cur], [r["result"][key] for r in base])
+                med, lo, hi = ratio_ci([r["result"][key] for r, _ in pairs], [b["result"][key] for _, b in pairs])
                 ratios.append(f"{(med - 1) * 100:+.2f}% [{(lo - 1) * 100:+.2f}, {(hi - 1) * 100:+.2f}]")
                 plot.setdefault(rate, {}).setdefault(c, {})[label] = (med, lo, hi)
             lines.append(f"| {c} | " + " | ".join(meds) + " | " + " | ".join(ratios) + " |")
@@ -363,7 +366,7 @@ def main() -> int:
     ap.add_argument("--gpu-mem", type=float, default=0.42)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--fused-writes", choices=["adds", "all", "none"], default="adds",
+    ap.add_argument("--fused-writes", choices=["none", "adds", "all"], default="none",
                     help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     ap.add_argument("--max-prompt-len", type=int, default=1024)
     ap.add_argument("--server-args", default="", help="extra arguments for both servers (e.g. --enforce-eager)")
@@ -377,6 +380,9 @@ def main() -> int:
     ap.add_argument("--profile-steps", default="100,600", metavar="DELAY,MAX",
                     help="engine steps skipped before the profiler starts, and the most steps it records "
                          "(vLLM's delay_iterations / max_iterations; 0,0: the whole run)")
+    ap.add_argument("--profile-stack", action="store_true",
+                    help="record Python stacks in the profiles (larger traces; trace_steps.py then lists "
+                         "the Python functions whose host time per step grew)")
     ap.add_argument("--summarize", action="store_true", help="only rebuild summary.md / overhead.png from --out")
     args = ap.parse_args()
     res_path = os.path.join(args.out, "results.json")
@@ -427,7 +433,7 @@ def main() -> int:
         for srv in ("vanilla", "xmix"):
             prof_args[srv] = ["--profiler-config", json.dumps({
                 "profiler": "torch", "torch_profiler_dir": os.path.join(os.path.abspath(args.out), f"prof_{srv}"),
-                "torch_profiler_with_stack": False, "torch_profiler_use_gzip": True, "ignore_frontend": True,
+                "torch_profiler_with_stack": args.profile_stack, "torch_profiler_use_gzip": True, "ignore_frontend": True,
                 "delay_iterations": delay, "max_iterations": most})]
     env_v = dict(os.environ, VLLM_PLUGINS="")
     # the deployment goes in through vLLM's --config YAML (JSON is YAML): a token set of 25k ids
@@ -464,7 +470,7 @@ def main() -> int:
                         runs = [r for r in runs if (r["rate"], r["round"], r["config"]) != (rate, rnd, name)]
                         runs.append({"rate": rate, "round": rnd, "config": name, "title": title,
                                      "result": {k: res[k] for k in (m[0] for m in METRICS)}})
-                json.dump(runs, open(res_path, "w"))
+                        json.dump(runs, open(res_path, "w"))  # after every run: a cut sweep keeps its runs
         if profiled:  # where the time goes: vanilla vs each profiled configuration, same rate and prompts
             rate = args.rates.split(",")[0]
             for name in ["vanilla"] + profiled:

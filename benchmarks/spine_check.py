@@ -49,7 +49,7 @@ def main() -> None:
                     help="also deploy 'ablate_all' (directional ablation at hook_resid_pre of every layer, "
                          "Arditi et al.) and benchmark it")
     ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--fused-writes", choices=["adds", "all", "none"], default="adds",
+    ap.add_argument("--fused-writes", choices=["none", "adds", "all"], default="none",
                     help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

@@ -11,6 +11,10 @@ by ``--profiler-config '{"profiler": "torch", ...}'``) and reports, per kind of 
 * per step: CPU time of the annotated range (ms), GPU time of its GPU range (ms), kernels
   launched on the GPU inside it, and the interval to the next step's start (ms: what a
   decoding request sees as inter-token latency);
+* with Python stacks in the trace (``"torch_profiler_with_stack": true``; ``serve_bench.py
+  --profile-stack``): per kind of step, the Python functions by inclusive host time per step
+  (ms; the 40 largest), so ``--compare`` can list the functions whose time per step grew most
+  (where a step's extra host time goes);
 * for the whole trace: kernels by name (count, total GPU ms), CUDA runtime calls by name
   (count, total CPU ms: launches, graph launches, copies and the synchronizing calls), and the
   GPU's busy fraction over the profiled span.
@@ -106,6 +110,25 @@ def summarize(path: str, max_graph: int = 512) -> dict:
     for e in runtime:
         by_call[e["name"]][0] += 1
         by_call[e["name"]][1] += e["dur"] / 1e3
+    # Python functions (traces with stacks): inclusive ms per step, by step bucket
+    starts = [s["ts"] for s in cpu_steps]
+    bucket_of = []
+    for s in cpu_steps:
+        c, tc, g, tg = map(int, STEP.fullmatch(s["name"]).groups())
+        bucket_of.append(_bucket("decode" if c == 0 else "mixed", tg if c == 0 else tc + tg, max_graph))
+    py: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for e in ev:
+        if e.get("cat") != "python_function":
+            continue
+        i = bisect.bisect_right(starts, e["ts"]) - 1
+        if i < 0 or e["ts"] > cpu_steps[i]["ts"] + cpu_steps[i]["dur"]:
+            continue  # outside every engine step
+        py[bucket_of[i]][e["name"]] += e["dur"] / 1e3
+    n_in = defaultdict(int)
+    for b in bucket_of:
+        n_in[b] += 1
+    python = {b: dict(sorted(((n, round(t / n_in[b], 4)) for n, t in fs.items()), key=lambda kv: -kv[1])[:40])
+              for b, fs in py.items()}
     xmix_ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # the plugin's ops, host side
     for e in ev:
         if e.get("cat") == "cpu_op" and "vllm_xmix" in e["name"]:
@@ -118,6 +141,7 @@ def summarize(path: str, max_graph: int = 512) -> dict:
         "trace": path, "n_steps": len(cpu_steps), "span_ms": round(span, 2),
         "gpu_kernel_ms": round(busy, 2), "gpu_busy_fraction": round(busy / span, 4) if span else None,
         "steps": steps,
+        "python_ms_per_step": python,
         "kernels_top": [{"name": n, "count": c, "ms": round(t, 3)} for n, (c, t) in top],
         "runtime_calls": {n: {"count": c, "ms": round(t, 3)} for n, (c, t) in
                           sorted(by_call.items(), key=lambda kv: -kv[1][1])},
@@ -146,6 +170,13 @@ def compare(a: dict, b: dict, la: str = "A", lb: str = "B") -> str:
     for n in calls[:25]:
         ca, cb = a["runtime_calls"].get(n, {}), b["runtime_calls"].get(n, {})
         out.append(f"| {n} | {ca.get('count', 0)} | {cb.get('count', 0)} | {ca.get('ms', 0)} | {cb.get('ms', 0)} |")
+    pa, pb = a.get("python_ms_per_step") or {}, b.get("python_ms_per_step") or {}
+    for bk in sorted(set(pa) & set(pb)):  # traces with Python stacks: where a step's host time grew
+        fa, fb = pa[bk], pb[bk]
+        grew = sorted(set(fa) | set(fb), key=lambda n: -(fb.get(n, 0.0) - fa.get(n, 0.0)))[:15]
+        out += ["", f"| Python function, {bk} (ms per step, inclusive; largest growth) | {la} | {lb} |",
+                "|---|---|---|"]
+        out += [f"| {n[-90:]} | {fa.get(n, '<top40')} | {fb.get(n, '<top40')} |" for n in grew]
     names_a = {k["name"]: k for k in a["kernels_top"]}
     out += ["", f"| kernel (top by GPU ms in {lb}) | count {la} | {lb} | ms {la} | {lb} |", "|---|---|---|---|---|"]
     for k in b["kernels_top"][:25]:  # matched by full name (template instantiations share long prefixes)
