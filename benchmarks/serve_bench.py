@@ -28,7 +28,9 @@ What it does, for a model config from benchmarks/models (dummy weights, no downl
    so a long sweep can be split over several GPU calls), `summary.md` (per model and rate:
    metric medians and the ratio to vanilla with a bootstrap 95% CI over rounds) and
    `overhead.png` (`--summarize` rebuilds both from results.json, e.g. on a machine with
-   matplotlib).
+   matplotlib), and `sweep/`: the same experiment as `vllm bench sweep serve` parameter files
+   (`serve_params.json`, `bench_params.json`, `bench_params_vanilla.json`) with the two commands
+   in `sweep/commands.sh` (`write_sweep_files`: what a sweep cannot express is said there).
 
 `--profile CONFIGS`: afterwards one run of vanilla and of each listed configuration under vLLM's
 torch profiler (`--profiler-config`, `vllm bench serve --profile`; engine steps
@@ -176,6 +178,46 @@ def build_dataset(path: str, n: int, vocab: int, seed: int = 0, output_len: int 
         convs.append(e)
     json.dump(convs, open(path, "w"))
     return lens.tolist()
+
+
+def write_sweep_files(out: str, serving: str, dataset: str, xmix_cfg: str, configs: dict, rates: list[str],
+                      num_prompts: int, output_len: int, server_args: list[str]) -> None:
+    """The same experiment as ``vllm bench sweep serve`` parameter files (``out``/
+    ``serve_params.json``, ``bench_params.json``, ``commands.sh``): one xmix server (the
+    deployment's ``--config``), one bench entry per configuration and rate (its ``extra_body``).
+    What a sweep cannot express is left out and said so in commands.sh: vanilla needs
+    ``VLLM_PLUGINS=`` in the server's environment (a second sweep with the vanilla entries only),
+    the K-distinct configurations carry per-request selections (this script's dataset
+    extension), and a sweep runs configurations one after the other per server, not
+    interleaved (A B A B) across the two servers as this script does."""
+    os.makedirs(out, exist_ok=True)
+    bench, vanilla = {}, {}
+    for rate in rates:
+        for name, (srv, xmix) in configs.items():
+            if isinstance(xmix, str):
+                continue  # K distinct configs: per-request selections
+            e = {"request_rate": rate}
+            if xmix is not None:
+                e["extra_body"] = json.dumps({"vllm_xargs": {"xmix": xmix}})
+            (vanilla if srv == "vanilla" else bench)[f"{name}_r{rate}"] = e
+    json.dump({"xmix": {"config": os.path.abspath(xmix_cfg)}}, open(os.path.join(out, "serve_params.json"), "w"),
+              indent=1)
+    json.dump(bench, open(os.path.join(out, "bench_params.json"), "w"), indent=1)
+    json.dump(vanilla, open(os.path.join(out, "bench_params_vanilla.json"), "w"), indent=1)
+    serve = " ".join(["vllm serve", serving, "--load-format dummy"] + server_args)
+    bcmd = (f"vllm bench serve --backend vllm --model {serving} --tokenizer {serving} --dataset-name sharegpt "
+            f"--dataset-path {dataset} --num-prompts {num_prompts} --sharegpt-output-len {output_len} --ignore-eos")
+    with open(os.path.join(out, "commands.sh"), "w") as f:
+        f.write(
+            "# vllm bench sweep serve: the xmix configurations (one server, configurations in sequence,\n"
+            "# the prefix cache reset between runs), then vanilla (plugin not loaded) with its own sweep.\n"
+            "# Not expressible as sweep parameters: the K-distinct configurations (per-request\n"
+            "# selections), and serve_bench.py's interleaving of vanilla and xmix runs (A B A B).\n"
+            f"vllm bench sweep serve --serve-cmd '{serve}' --bench-cmd '{bcmd}' \\\n"
+            f"    --serve-params {out}/serve_params.json --bench-params {out}/bench_params.json "
+            f"-o {out}/results -e xmix\n"
+            f"VLLM_PLUGINS= vllm bench sweep serve --serve-cmd '{serve}' --bench-cmd '{bcmd}' \\\n"
+            f"    --bench-params {out}/bench_params_vanilla.json -o {out}/results -e vanilla\n")
 
 
 class Server:
@@ -440,6 +482,8 @@ def main() -> int:
     # would make an --additional-config argument longer than the OS allows (128 KiB)
     xmix_cfg = os.path.join(args.out, "xmix_config.yaml")
     json.dump({"additional-config": deploy(*apps, fused_writes=args.fused_writes)}, open(xmix_cfg, "w"))
+    write_sweep_files(os.path.join(args.out, "sweep"), serving, dataset, xmix_cfg, configs, args.rates.split(","),
+                      args.num_prompts, args.output_len, common)
     title = f"{os.path.basename(args.model.rstrip('/'))}, {args.num_prompts} prompts, {args.output_len} output tokens"
     # resumable: runs of earlier invocations (other rates / configs) stay in results.json
     runs: list[dict] = json.load(open(res_path)) if os.path.exists(res_path) else []
