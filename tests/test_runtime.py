@@ -186,8 +186,8 @@ def test_fused_writes_setting_chooses_what_the_graph_applies():
     assert names["adds"] == (posts, ["blocks.2.hook_resid_pre"], [])
     assert names["all"] == (sorted(posts + ["blocks.2.hook_resid_pre"]), [], [])
     assert names["none"] == ([], ["blocks.2.hook_resid_pre"], posts)
-    with pytest.raises(XmixSpecError, match="fused_writes"):
-        deploy(fused_writes="some")
+    with pytest.raises(XmixSpecError, match=r"xmix\.fused_writes: Input should be 'adds', 'all' or 'none' \(got 'ALL'\)"):
+        deploy(fused_writes="ALL")
 
 
 def req(rid, *apps):
