@@ -136,7 +136,7 @@ case "${1:-A2}" in
     wait ;;
   K5)  # where the TTFT goes (host time per mixed step, by Python function) | rate 16 with more rounds
     XMIX_SERVE_TAG=_prof serve 0 $LL ${P3_T:-560} --rates 16 --repeats 0 --configs steer_all,probe_one \
-        --profile steer_all,probe_one --profile-stack --profile-steps 150,150 &
+        --profile steer_all,probe_one --profile-stack --profile-steps 150,100 &
     XMIX_SERVE_TAG=_r16b serve 1 $LL ${SERVE_T:-560} --rates 16 --repeats 3 --port 8201 \
         --configs inactive,steer_all,ablate_all,probe_one,cast &
     wait
