@@ -19,10 +19,11 @@
 #   H4: serving, Llama: GPU0 rate 16, every single-app configuration | GPU1 rate inf, every configuration
 #   I4: GPU0 serving Qwen3-8B rate inf (subset) | GPU1 profiles at rate 16, vanilla vs steer_all
 #   J4: decode lines by the deployment's fused_writes: GPU0 plain, none, adds | GPU1 plain, all, adds (every app kind)
+#   L5: graphs vs eager with fused_writes adds (GPU0) and all (GPU1): the fused paths read tok_fc
 #   K5: GPU0 profiles with Python stacks at rate 16 (vanilla vs steer_all, probe_one) | GPU1 rate 16, 3 rounds
 #   S5: saturation with 1000 prompts: GPU0 Llama (inactive, steer_all, K256, all_apps) | GPU1 Qwen3-8B (subset)
 #   M4: serving, Mixtral-8x7B, both servers TP=2 on GPUs 0,1 (bf16: 47 GB of weights per GPU each), rate inf
-# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|E3|F3|G4|H4|I4|J4|K5|S5|M4|kernels
+# Usage: run_issue5_gpu.sh A2|B2|C2|D2|P2|P3|E3|F3|G4|H4|I4|J4|K5|L5|S5|M4|kernels
 set -uo pipefail
 OUT=${OUT:-/tmp/xmix-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -134,6 +135,18 @@ case "${1:-A2}" in
     (plain 1 ${PLAIN_T:-130}; fw 1 all ${FW_T:-220} --with-ablate
      fw 1 adds ${FW2_T:-240} --with-ablate --with-probe --with-cond) &
     wait ;;
+  L5)  # graphs vs eager for the fused paths (per-token coefficient table): GPU0 adds | GPU1 all; eager once
+    (CUDA_VISIBLE_DEVICES=0 timeout ${HOOKS_T:-250} python3 benchmarks/hooks_check.py --model $LL --fused-writes adds \
+         --out "$L/hooks_graphs_adds.json" > "$L/hooks_graphs_adds.log" 2>&1; echo "hooks graphs adds rc=$?" >> "$L/rc.txt"
+     CUDA_VISIBLE_DEVICES=0 timeout ${HOOKS_T:-250} python3 benchmarks/hooks_check.py --model $LL --eager \
+         --out "$L/hooks_eager.json" > "$L/hooks_eager.log" 2>&1; echo "hooks eager rc=$?" >> "$L/rc.txt") &
+    (CUDA_VISIBLE_DEVICES=1 timeout ${HOOKS_T:-250} python3 benchmarks/hooks_check.py --model $LL --fused-writes all \
+         --out "$L/hooks_graphs_all.json" > "$L/hooks_graphs_all.log" 2>&1; echo "hooks graphs all rc=$?" >> "$L/rc.txt") &
+    wait
+    for f in adds all; do
+      python3 benchmarks/hooks_check.py --compare "$L/hooks_graphs_$f.json" "$L/hooks_eager.json" > "$L/hooks_compare_$f.txt" 2>&1
+      echo "== fused_writes $f"; head -n 16 "$L/hooks_compare_$f.txt"; tail -n 2 "$L/hooks_compare_$f.txt"
+    done ;;
   K5)  # where the TTFT goes (host time per mixed step, by Python function) | rate 16 with more rounds
     XMIX_SERVE_TAG=_prof serve 0 $LL ${P3_T:-560} --rates 16 --repeats 0 --configs steer_all,probe_one \
         --profile steer_all,probe_one --profile-stack --profile-steps 150,100 &

@@ -190,6 +190,28 @@ def test_fused_writes_setting_chooses_what_the_graph_applies():
         deploy(fused_writes="ALL")
 
 
+def test_per_token_fused_coefficients_follow_the_step():
+    """``tok_fc`` (what fused writes read in compiled graphs): for every token of the step its
+    request's coefficient of each fused entry, zero for app-free tokens and past the step's
+    tokens (padding, rows a longer earlier step wrote), zero after a dummy forward."""
+    st = multi_state(fused_mode=True, fused_writes="all")
+    assert st.fused_entries.size == 5  # steer_all's 4 adds and the ablation at layer 2
+    step(st, new_reqs=[req("a", "steer_all"), req("b", "probe"), req("c", "ablate", "steer_all")])
+    st.fill(["a", "b", "c"], np.array([3, 2, 4]))  # a chunked step: 3 + 2 + 4 tokens
+    fc = st.tok_fc[:9].numpy()
+    want = np.concatenate([np.repeat(st.req_rows[r][st.fused_entries][None], k, 0) if r in st.req_rows
+                           else np.zeros((k, 5), np.float32) for r, k in (("a", 3), ("b", 2), ("c", 4))])
+    np.testing.assert_array_equal(fc, want)
+    assert fc[:3].any() and not fc[3:5].any() and fc[5:].all()  # b's probe is not a fused write
+    st.fill(["b"], np.array([1]))  # only an app-free token now: every row the last step wrote is zero
+    assert not st.tok_fc.numpy().any()
+    st.fill(["a"], np.array([2]))
+    st.dummy_forward()  # (a dummy run's tokens belong to no request)
+    assert not st.tok_fc.numpy().any()
+    step(st, finished=["a", "b", "c"])
+    assert not st.req_fc
+
+
 def req(rid, *apps):
     sp = NS(extra_args={"xmix": {"apps": [{"name": a} for a in apps]}})
     return NS(req_id=rid, sampling_params=sp, prompt_token_ids=[1, 2, 3], num_computed_tokens=0)

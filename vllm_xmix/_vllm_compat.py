@@ -47,7 +47,7 @@ from .spec import (
 logger = logging.getLogger("vllm.xmix")
 
 SUPPORTED_VLLM = ((0, 26, 0), (0, 27, 0))  # [min, max)
-RUNTIME_ID = "vllm-xmix 0.4.0"  # bump with any change to what the hooks put into the graph
+RUNTIME_ID = "vllm-xmix 0.5.0"  # bump with any change to what the hooks put into the graph
 _PATCHED: list[str] = []
 
 

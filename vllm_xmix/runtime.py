@@ -103,6 +103,7 @@ class _Stage:
     idx: torch.Tensor
     pos: torch.Tensor
     plen: torch.Tensor
+    fc: torch.Tensor  # [max_tokens, n_fused] float32: the step's per-token fused coefficients
     event: object | None = None
     keep: list = field(default_factory=list)  # pinned sources of in-flight copies
 
@@ -126,13 +127,13 @@ def graph_variant_settings() -> tuple[str, int]:
 
 def fused_id(spec: tuple) -> int:
     """A process-independent fingerprint (1 .. 2**31) of a site's fused writes ``(entry, kind,
-    value)``: the compiled graph passes it to the op, which checks it against the runtime's, so a
+    value, column)``: the compiled graph passes it to the op, which checks it against the runtime's, so a
     graph compiled for other fused writes (a stale compile cache) fails loudly instead of applying
     a write twice or not at all. 0 means: nothing fused."""
     import zlib
 
-    return (zlib.crc32(repr(tuple((int(e), int(k), float(v)) for e, k, v in spec)).encode()) & 0x7FFFFFFF) + 1 \
-        if spec else 0
+    return (zlib.crc32(repr(tuple((int(e), int(k), float(v), int(c)) for e, k, v, c in spec)).encode())
+            & 0x7FFFFFFF) + 1 if spec else 0
 
 
 @dataclass
@@ -278,6 +279,7 @@ class XmixState:
                 idx=torch.zeros(max_slots, dtype=torch.int64, device="cpu", pin_memory=pin),
                 pos=torch.zeros(max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
                 plen=torch.zeros(max_slots, dtype=torch.int32, device="cpu", pin_memory=pin),
+                fc=torch.zeros(st.tok_fc.shape, dtype=torch.float32, device="cpu", pin_memory=pin),
             )
             for _ in range(RING)
         ]
@@ -293,9 +295,11 @@ class XmixState:
         by the deployment's ``fused_writes``: ``"none"`` (default): nothing; ``"adds"``:
         unconditional ``add`` entries at residual-stream sites without projection writes;
         ``"all"``: also every write of a residual-stream site whose writes are all unconditional
-        (adds, directional ablations, clamps; ``site_fused_spec``: ``(entry, kind, value)`` in
-        the site's order). Under torch.compile the hook emits them as torch ops (a gather of the token's
-        coefficients, multiply-adds, for projections a row dot product) that Inductor fuses into
+        (adds, directional ablations, clamps; ``site_fused_spec``: ``(entry, kind, value,
+        column)`` in the site's order, the column of ``tok_fc [max_tokens, n_fused]`` float32
+        that holds each token's coefficient of that entry, written by :meth:`fill`). Under
+        torch.compile the hook emits them as torch ops (the token's coefficients from
+        ``tok_fc``, multiply-adds, for projections a row dot product) that Inductor fuses into
         the neighbouring kernels (the next residual add + RMSNorm), so they cost no launch of
         ours; the custom op then applies the rest (``site_rest``: conditional writes, and
         projections at sites that also have conditional writes) and the reads. Eager runs apply
@@ -325,12 +329,25 @@ class XmixState:
                 continue
             rest = [e for e in writes if e not in fused]
             self.site_fused[sid] = fused
-            self.site_fused_spec[sid] = tuple((e, self.entries[e].kind, float(self.entries[e].value)) for e in fused)
-            self.site_fused_id[sid] = fused_id(self.site_fused_spec[sid])
             self.site_rest_host[sid] = rest
             self.site_rest[sid] = torch.tensor(rest, dtype=torch.int32, device=self.device) if rest else None
             if fused and rest:  # eager runs apply these first too, so both paths round the same way
                 self.site_fused_t[sid] = torch.tensor(fused, dtype=torch.int32, device=self.device)
+        # each fused entry's column in the per-token coefficient table ``tok_fc`` (filled by
+        # ``fill`` from the step's requests: a fused write reads its token's coefficient with one
+        # load instead of gathering through the token's slot)
+        fused_entries = sorted({e for f in self.site_fused for e in f})
+        self.fused_entries = np.asarray(fused_entries, dtype=np.int64)
+        col = {e: k for k, e in enumerate(fused_entries)}
+        for sid, fused in enumerate(self.site_fused):
+            if fused:
+                self.site_fused_spec[sid] = tuple((e, self.entries[e].kind, float(self.entries[e].value), col[e])
+                                                  for e in fused)
+                self.site_fused_id[sid] = fused_id(self.site_fused_spec[sid])
+        self.tok_fc = torch.zeros(self.max_tokens if fused_entries else 1, max(1, len(fused_entries)),
+                                  dtype=torch.float32, device=self.device)
+        self.req_fc: dict[str, np.ndarray] = {}
+        self._fc_zero = np.zeros(len(fused_entries), dtype=np.float32)
 
     def _build_conditions(self, conds, buffers, n_req: int, vocab_size: int, max_model_len: int) -> None:
         """Device state of conditional writes (issue 4): token sets as vocabulary bitmaps,
@@ -462,6 +479,8 @@ class XmixState:
             self._forget(nr.req_id)
             if row is not None:
                 self.req_rows[nr.req_id] = row
+                if self.fused_entries.size:
+                    self.req_fc[nr.req_id] = row[self.fused_entries]
                 self._row_masks[nr.req_id] = self._row_bits(row)
                 self._need = None
                 P = len(nr.prompt_token_ids) if nr.prompt_token_ids is not None else len(nr.prompt_embeds)
@@ -490,6 +509,7 @@ class XmixState:
 
     def _forget(self, rid: str) -> None:
         self.req_rows.pop(rid, None)
+        self.req_fc.pop(rid, None)
         if self._row_masks.pop(rid, None) is not None:
             self._need = None
         self.req_reads.pop(rid, None)
@@ -570,6 +590,15 @@ class XmixState:
         tok[:T] = np.repeat(slots, num_scheduled_tokens[:n_req])
         tok[T:n] = NULL_SLOT
         self.tok_slot[:n].copy_(stage.tok[:n], non_blocking=True)
+        if self.fused_entries.size and self.fused_mode is not False:  # (eager engines never read it)
+            fc = stage.fc.numpy()
+            if any_on:
+                fc[:T] = np.repeat(np.stack(list(map(self.req_fc.get, ids, repeat(self._fc_zero)))),
+                                   num_scheduled_tokens[:n_req], axis=0)
+            else:
+                fc[:T] = 0.0
+            fc[T:n] = 0.0
+            self.tok_fc[:n].copy_(stage.fc[:n], non_blocking=True)
         row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])[:-1]])  # first row of each request
         if self.has_cond:  # absolute position of every token (0 for app-free tokens and padding)
             starts = np.fromiter(map(self._step_pos.get, ids, repeat(0)), dtype=np.int64, count=n_req)
@@ -735,6 +764,8 @@ class XmixState:
         variant capture, the step runs without the hook ops."""
         if self.high_water:
             self.tok_slot[: self.high_water].zero_()
+            if self.fused_entries.size:
+                self.tok_fc[: self.high_water].zero_()
             self.high_water = 0
         if not self.capturing_variants:
             self._set_variant(0)
@@ -831,8 +862,10 @@ class XmixState:
         if self.has_token_cond and not self.token_hook_installed:
             raise RuntimeError("vllm_xmix: token conditions are deployed but the embedding hook is not installed "
                                "(unsupported model class)")
+        from .adapters._residual import _BUFFERS
+
         for m in self.buffer_modules:  # a module.to()/half() after construction would have copied them
-            for name in ("tok_slot", "coef", "vectors"):
+            for name in _BUFFERS:
                 if getattr(m, f"xmix_{name}").data_ptr() != getattr(self, name).data_ptr():
                     raise RuntimeError(f"vllm_xmix: the buffer xmix_{name} of {type(m).__name__} is no longer the "
                                        "runtime's tensor (the model was moved or cast after construction); the "
@@ -854,8 +887,12 @@ def buffer_bytes(dep: DeploymentConfig, n_layers: int, d_model: int, n_experts: 
     """Device memory of the deployment's per-step and per-request buffers that grow with the
     engine's limits (bytes): the read buffer (``max_tokens`` x read columns, float32), the token
     history of token conditions and the prompt values of each request-scope condition
-    (``max_slots`` x ``max_model_len`` each)."""
-    cols, token_cond, req_bufs = 0, False, 0
+    (``max_slots`` x ``max_model_len`` each), and with ``fused_writes`` other than ``"none"`` the
+    per-token fused coefficients (``max_tokens`` x unconditional residual-stream writes, an upper
+    bound; float32)."""
+    from .adapters._residual import RESIDUAL_HOOKS
+
+    cols, token_cond, req_bufs, fusible = 0, False, 0, 0
     for ai, app in enumerate(dep.apps):
         for op in app.ops:
             nl = len(resolve_layers(op.layers, n_layers, f"apps.{ai}.layers"))
@@ -864,9 +901,12 @@ def buffer_bytes(dep: DeploymentConfig, n_layers: int, d_model: int, n_experts: 
                 req_bufs += int(op.buffer is not None and op.scope == "request")
             elif op.cond is not None and op.cond.buffer is None:
                 token_cond = True
+            elif op.cond is None and op.hook in RESIDUAL_HOOKS and dep.fused_writes != "none":
+                fusible += nl
     return {"read buffer": cols * max_tokens * 4,
             "token history": (max_slots * max_model_len * 4) if token_cond else 0,
-            "request-scope condition values": req_bufs * max_slots * max_model_len * 4}
+            "request-scope condition values": req_bufs * max_slots * max_model_len * 4,
+            "fused coefficients": fusible * max_tokens * 4}
 
 
 def check_buffer_bytes(dep, n_layers, d_model, n_experts, max_tokens, max_slots, max_model_len) -> None:

@@ -41,18 +41,20 @@ from ..kernels.row_write import ADD, PROJ
 RESIDUAL_HOOKS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
 
 
-#: names of the runtime's buffers on each module whose hook has fused adds (the same tensors on
-#: every such module): as
+#: names of the runtime's buffers on each module whose hook has fused writes (the same tensors on
+#: every such module; ``tok_fc``: each token's coefficient of each fused entry, ``vectors``): as
 #: module buffers they are graph inputs that torch.compile traces (stable addresses for CUDA
 #: graphs; the AOT cache rebinds them from the module), so the fused adds below are visible to
 #: Inductor
-_BUFFERS = ("tok_slot", "coef", "vectors")
+_BUFFERS = ("tok_fc", "vectors")
 
 
 def _fused_writes(module: torch.nn.Module, t: torch.Tensor, other: torch.Tensor | None,
-                  spec: tuple[tuple[int, int, float], ...]) -> torch.Tensor:
-    """``t`` [T, D] with the unconditional writes ``spec`` (``(entry, kind, value)`` in the site's
-    order) of this site applied, as torch ops. Adds only: the semantics of
+                  spec: tuple[tuple[int, int, float, int], ...]) -> torch.Tensor:
+    """``t`` [T, D] with the unconditional writes ``spec`` (``(entry, kind, value, column)`` in
+    the site's order) of this site applied, as torch ops; each token's coefficient of an entry is
+    ``tok_fc[t, column]`` (written per step by ``XmixState.fill``: one load, not a gather through
+    the token's slot). Adds only: the semantics of
     :func:`..kernels.steer_add.steer_add_reference` (float32 accumulation, one rounding, rows
     whose coefficients are all 0 untouched); with projections (directional ablation, clamp):
     those of :func:`..kernels.row_write.row_write_reference` (entries in order, each on the
@@ -60,19 +62,19 @@ def _fused_writes(module: torch.nn.Module, t: torch.Tensor, other: torch.Tensor 
     torch.compile Inductor fuses these gathers, dot products and multiply-adds into the
     neighbouring kernels instead of launching one of its own."""
     T, D = t.shape
-    torch._check(T <= module.xmix_tok_slot.shape[0])  # (fill() guarantees it; keeps [:T] exactly T long)
-    coef = module.xmix_coef.index_select(0, module.xmix_tok_slot[:T].long())  # [T, E_total]
-    if all(kind == ADD for _, kind, _ in spec):
+    torch._check(T <= module.xmix_tok_fc.shape[0])  # (fill() guarantees it; keeps [:T] exactly T long)
+    coef = module.xmix_tok_fc[:T]  # [T, n_fused]
+    if all(kind == ADD for _, kind, _, _ in spec):
         acc = None
         on = None
-        for e, _, _ in spec:
-            c = coef[:, e: e + 1]
+        for e, _, _, k in spec:
+            c = coef[:, k: k + 1]
             d = torch.where(c != 0, c * module.xmix_vectors[e, :D], 0.0)
             acc = d if acc is None else acc + d
             on = (c != 0) if on is None else on | (c != 0)
         return torch.where(on, (t.float() + acc).to(t.dtype), t)
-    for e, kind, value in spec:
-        c = coef[:, e: e + 1]
+    for e, kind, value, k in spec:
+        c = coef[:, k: k + 1]
         v = module.xmix_vectors[e, :D]
         hf = t.float()
         if kind == PROJ:
@@ -139,8 +141,8 @@ def _resid_post(site: int, fused, module, args, output):
 
 
 def _register_buffers(module: torch.nn.Module, state) -> None:
-    """The runtime's buffers as (non-persistent) buffers of a module whose hook emits fused adds."""
-    if hasattr(module, "xmix_coef"):
+    """The runtime's buffers as (non-persistent) buffers of a module whose hook emits fused writes."""
+    if hasattr(module, "xmix_tok_fc"):
         return
     for name in _BUFFERS:
         module.register_buffer(f"xmix_{name}", getattr(state, name), persistent=False)
