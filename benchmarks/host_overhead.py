@@ -48,9 +48,12 @@ def main() -> int:
     ap.add_argument("--configs", default="none,steer_all,probe_one,cast")
     ap.add_argument("--serving-deployment", metavar="MODEL_DIR",
                     help="time the worker-side runtime alone with serve_bench.py's deployment for this config")
+    ap.add_argument("--fused-writes", choices=["none", "adds", "all"], default="none",
+                    help="with --serving-deployment: the deployment's fused_writes (adds/all: fill() also "
+                         "writes the per-token fused coefficients)")
     args = ap.parse_args()
     if args.serving_deployment:
-        return runtime_steps(args.serving_deployment)
+        return runtime_steps(args.serving_deployment, fused_writes=args.fused_writes)
 
     import numpy as np
     from vllm import LLM, SamplingParams
@@ -103,7 +106,8 @@ def main() -> int:
     return 0
 
 
-def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int = 300) -> int:
+def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int = 300,
+                  fused_writes: str = "none") -> int:
     """Per app of serve_bench.py's deployment: median host ms of the runtime's per-step work
     (``update_requests``, ``fill``, ``snapshot`` / ``reads_of``) in a mixed and a decode step."""
     import json
@@ -123,7 +127,7 @@ def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int =
     import tempfile
 
     apps = serve_bench.apps_for(cfg, tempfile.mkdtemp(prefix="xmix-vecs-"))
-    st = XmixState.build(parse_deployment(deploy(*apps)["xmix"]), cfg["num_hidden_layers"], cfg["hidden_size"],
+    st = XmixState.build(parse_deployment(deploy(*apps, fused_writes=fused_writes)["xmix"]), cfg["num_hidden_layers"], cfg["hidden_size"],
                          torch.device("cpu"), 8192, 257, vocab_size=cfg["vocab_size"], max_model_len=4096)
     st.fused_mode = True
 
@@ -141,7 +145,7 @@ def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int =
         return time.perf_counter() - t
 
     print(f"{os.path.basename(model_dir.rstrip('/'))}: runtime host ms per step (mixed: 1 new request of "
-          f"{prompt} tokens + {running} decoding; decode: {running + 1} decoding)")
+          f"{prompt} tokens + {running} decoding; decode: {running + 1} decoding; fused_writes={fused_writes})")
     for app in [a.name for a in apps]:
         live, mixed, dec = [], [], []
         for i in range(n):
