@@ -494,7 +494,8 @@ class DeploymentConfig(BaseModel):
             in every CUDA-graph variant, so every request pays for it, apps on or off (H200,
             Llama-3.1-8B decode step, apps off: ``"adds"`` up to +1.4%, ``"all"`` up to +2.8%,
             ``"none"`` within 0.5% of vLLM without the plugin; all-layer steering on: ``"adds"``
-            +0.6 to +1.2%, ``"none"`` +1.2 to +2.2%). ``"adds"``: steering adds at sites without
+            +0.6 to +1.2%, ``"none"`` +1.2 to +2.2%; measured with runtime 0.4, before the
+            per-token coefficient table). ``"adds"``: steering adds at sites without
             projections (a site with an add and an ablation is not fused); ``"all"``: also
             directional ablations and clamps at sites whose writes are all unconditional.
             Conditional writes (SEAL, CAST) are never fused; eager engines
@@ -513,8 +514,8 @@ class DeploymentConfig(BaseModel):
     #: only the steps whose requests use it (one launch per site). Measured on an H200
     #: (Llama-3.1-8B, decode step, batch 1/8/64; benchmarks/RESULTS.md): apps off, "none"
     #: -0.2/+0.1/-0.5% against vLLM without the plugin, "adds" +0.9/+1.4/+0.5%, "all"
-    #: +2.5/+2.8/-0.5%; all-layer steering on, "none" +1.9/+2.2/+1.2%, "adds" +1.2/+1.1/+0.6%.
-    #: "adds" suits deployments where most requests steer.
+    #: +2.5/+2.8/-0.5%; all-layer steering on, "none" +1.9/+2.2/+1.2%, "adds" +1.2/+1.1/+0.6%
+    #: (runtime 0.4). "adds" suits deployments where most requests steer.
     fused_writes: Literal["adds", "all", "none"] = "none"
     #: set by the plugin at engine configuration (``"vllm-xmix <version>"``); keys the compile cache
     runtime: str | None = None
