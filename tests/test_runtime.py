@@ -210,6 +210,15 @@ def test_per_token_fused_coefficients_follow_the_step():
     assert not st.tok_fc.numpy().any()
     step(st, finished=["a", "b", "c"])
     assert not st.req_fc
+    # an eager forward first (fused_mode False), a compiled graph later: the table is still current
+    st = multi_state(fused_mode=None, fused_writes="all")
+    site = st.sites[(0, "hook_resid_post")]
+    step(st, new_reqs=[req("a", "steer_all")])
+    st.runs(site, fused=0)
+    assert st.fused_mode is False
+    step(st, finished=["a"], new_reqs=[req("b", "ablate")])
+    st.runs(site, fused=st.site_fused_id[site])  # a compiled call after it (accepted, no stale-cache error)
+    np.testing.assert_array_equal(st.tok_fc[:1].numpy()[0], st.req_rows["b"][st.fused_entries])
 
 
 def req(rid, *apps):

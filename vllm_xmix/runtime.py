@@ -310,7 +310,7 @@ class XmixState:
 
         n = len(self.sites)
         self.site_fused: list[tuple[int, ...]] = [()] * n
-        self.site_fused_spec: list[tuple[tuple[int, int, float], ...]] = [()] * n
+        self.site_fused_spec: list[tuple[tuple[int, int, float, int], ...]] = [()] * n
         self.site_fused_id: list[int] = [0] * n  # what a compiled graph must say it applied (ops.hook_write_)
         self.site_rest, self.site_rest_host = list(self.site_entries), list(self.site_entries_host)
         self.site_fused_t: list[torch.Tensor | None] = [None] * n  # sites with fused and other writes
@@ -590,7 +590,9 @@ class XmixState:
         tok[:T] = np.repeat(slots, num_scheduled_tokens[:n_req])
         tok[T:n] = NULL_SLOT
         self.tok_slot[:n].copy_(stage.tok[:n], non_blocking=True)
-        if self.fused_entries.size and self.fused_mode is not False:  # (eager engines never read it)
+        # written whenever fused entries exist, whatever fused_mode says: the first op call decides
+        # fused_mode, and a compiled graph may still run after an eager forward came first
+        if self.fused_entries.size:
             fc = stage.fc.numpy()
             if any_on:
                 fc[:T] = np.repeat(np.stack(list(map(self.req_fc.get, ids, repeat(self._fc_zero)))),

@@ -59,7 +59,7 @@ def _fused_writes(module: torch.nn.Module, t: torch.Tensor, other: torch.Tensor 
     whose coefficients are all 0 untouched); with projections (directional ablation, clamp):
     those of :func:`..kernels.row_write.row_write_reference` (entries in order, each on the
     previous result, the projection taken on the hook's value ``t + other``). Under
-    torch.compile Inductor fuses these gathers, dot products and multiply-adds into the
+    torch.compile Inductor fuses these loads, dot products and multiply-adds into the
     neighbouring kernels instead of launching one of its own."""
     T, D = t.shape
     torch._check(T <= module.xmix_tok_fc.shape[0])  # (fill() guarantees it; keeps [:T] exactly T long)
@@ -95,7 +95,7 @@ def _freezing() -> bool:
 
 
 def _write(module, t: torch.Tensor, other: torch.Tensor | None, site: int,
-           fused: tuple[tuple[tuple[int, int, float], ...], int]) -> torch.Tensor:
+           fused: tuple[tuple[tuple[int, int, float, int], ...], int]) -> torch.Tensor:
     """``t``: the tensor the write lands on; ``other``: the rest of the hook's value (or None).
     Returns the written tensor (a new one when the fused writes ran, else ``t`` mutated)."""
     # Inductor freezing (CPU max_autotune sets it while Dynamo traces) would inline the buffers'
