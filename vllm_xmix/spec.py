@@ -505,17 +505,8 @@ class DeploymentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     apps: list[AppSpec] = Field(default_factory=list)
-    #: which unconditional residual-stream writes a compiled engine applies as torch ops inside
-    #: its graph (Inductor fuses them into the next residual add + RMSNorm) instead of through
-    #: the hook op: ``"none"`` (default), ``"adds"`` (steering adds at sites without
-    #: projections), ``"all"`` (also directional ablations and clamps: sites whose writes are
-    #: all unconditional). Fused writes sit in every CUDA-graph variant, the app-free one
-    #: included, so every request pays for them, app on or off; a write through the op costs
-    #: only the steps whose requests use it (one launch per site). Measured on an H200
-    #: (Llama-3.1-8B, decode step, batch 1/8/64; benchmarks/RESULTS.md): apps off, "none"
-    #: -0.2/+0.1/-0.5% against vLLM without the plugin, "adds" +0.9/+1.4/+0.5%, "all"
-    #: +2.5/+2.8/-0.5%; all-layer steering on, "none" +1.9/+2.2/+1.2%, "adds" +1.2/+1.1/+0.6%
-    #: (runtime 0.4). "adds" suits deployments where most requests steer.
+    #: see the class docstring (trade-off, measured costs: benchmarks/RESULTS.md, fourth session);
+    #: "adds" suits deployments where most requests steer
     fused_writes: Literal["adds", "all", "none"] = "none"
     #: set by the plugin at engine configuration (``"vllm-xmix <version>"``); keys the compile cache
     runtime: str | None = None
@@ -1042,9 +1033,8 @@ class MIApp:
 
 
 def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict, fused_writes: str = "none") -> dict[str, Any]:
-    """Build vLLM's ``additional_config`` for these apps: ``{"xmix": {"apps": [...]}}``.
-
-    Returns ``{"xmix": {"apps": [...], "fused_writes": ...}}``.
+    """Build vLLM's ``additional_config`` for these apps: ``{"xmix": {"apps": [...],
+    "fused_writes": ...}}``.
 
     ``fused_writes``: ``"none"`` (default), ``"adds"`` or ``"all"``: which unconditional writes a
     compiled engine applies inside its graph, at a cost to every request, apps on or off
