@@ -185,7 +185,7 @@ def test_builder_errors():
         deploy(_app(scale="4.0"))
     with pytest.raises(XmixSpecError, match=r"ops\.0\.layers: layer indices must be integers, got str"):
         deploy(_app(layers=["1"]))
-    with pytest.raises(XmixSpecError, match=r"write\.vector: not a vector of numbers"):
+    with pytest.raises(XmixSpecError, match=r"write\.vector: not a vector of real numbers"):
         MIApp("s").write("add", vector=["a"] * D_MODEL)
     with pytest.raises(XmixSpecError, match=r"ops\.0\.vector: expected a number, got str 'a'"):
         deploy({"name": "x", "ops": [{"vector": ["a"] * D_MODEL}]})

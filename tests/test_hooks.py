@@ -273,7 +273,10 @@ def test_reads_see_writes_and_mixed_batch_equals_solo(arch_engine):
             for read, v in reads.items():
                 for L, arr in (v.items() if isinstance(v, dict) else [(None, v)]):
                     s_arr = result(solo.mi_results, app, read, L) if L is not None else solo.mi_results[app][read]
-                    np.testing.assert_allclose(arr, s_arr, rtol=1e-5, atol=1e-5, err_msg=f"{app}.{read}@{L}")
+                    # batch vs solo differ only by fp32 summation order (other GEMM shapes): the
+                    # absolute bound scales with the activations (|x| ~ 20 after a few layers)
+                    atol = 1e-5 * max(1.0, float(np.abs(s_arr).max()))
+                    np.testing.assert_allclose(arr, s_arr, rtol=1e-5, atol=atol, err_msg=f"{app}.{read}@{L}")
 
 
 def test_capture_positions_generated_and_last(arch_engine):

@@ -104,9 +104,11 @@ def test_vllm_xargs_select_apps_per_request(server, hf):
 
 def test_bad_selection_is_http_400_and_the_server_keeps_serving(server, hf):
     url, model = server
-    for xargs, msg in (({"xmix": ["nope"]}, "unknown app 'nope'"),
-                       ({"xmix": json.dumps([{"name": "happy", "scale": "high"}])}, "scale"),
-                       ({"xmix": json.dumps([{"name": "happy", "layers": [3]}])}, "layer 3 is not a deployed layer"),
+    # errors name the field as the client sent it (vllm_xargs.xmix), not the offline mi_apps
+    for xargs, msg in (({"xmix": ["nope"]}, "vllm_xargs.xmix[0].name: unknown app 'nope'"),
+                       ({"xmix": json.dumps([{"name": "happy", "scale": "high"}])}, "vllm_xargs.xmix[0].scale"),
+                       ({"xmix": json.dumps([{"name": "happy", "layers": [3]}])},
+                        "vllm_xargs.xmix[0].layers: layer 3 is not a deployed layer"),
                        ({"xmix": "happy"}, "expected a list of apps")):
         status, resp = complete(url, model, PROMPTS[0], xargs)
         assert status == 400, (xargs, status, resp)
@@ -117,7 +119,7 @@ def test_bad_selection_is_http_400_and_the_server_keeps_serving(server, hf):
     for xargs, extra, msg in (({"xmix": ["nope"]}, {"stream": True}, "unknown app 'nope'"),
                               ({"xmix": ["happy"]}, {"use_beam_search": True, "n": 2}, "beam search"),
                               ({"xmix": ["probe"]}, {"prompt": [PROMPTS[0], PROMPTS[1]]}, "send one prompt per request"),
-                              ({"xmix": ""}, {}, "mi_apps: empty")):
+                              ({"xmix": ""}, {}, "vllm_xargs.xmix: empty")):
         status, resp = complete(url, model, extra.pop("prompt", PROMPTS[0]), xargs, **extra)
         assert status == 400, (xargs, extra, status, resp)
         assert msg in json.dumps(resp), (msg, resp)

@@ -67,10 +67,46 @@ def test_vector_files(tmp_path):
         load_vector(VectorFile(path=str(tmp_path / "v.safetensors"), key="nope"), "f")
     with pytest.raises(XmixSpecError, match=r"f: expected a 1-D vector \[d_model\], got shape \[2, 64\]"):
         load_vector(VectorFile(path=str(tmp_path / "m.npy")), "f")
+    # a key where the file has no keys selects nothing: refused, not ignored
+    with pytest.raises(XmixSpecError, match=r"f\.key: a \.npy file holds one array: key 'dir' selects nothing"):
+        load_vector(VectorFile(path=str(tmp_path / "v.npy"), key="dir"), "f")
+    with pytest.raises(XmixSpecError, match=r"f\.key: .*v\.pt holds a single Tensor, not a dict of tensors"):
+        load_vector(VectorFile(path=str(tmp_path / "v.pt"), key="dir"), "f")
+    # not real numbers: refused, not coerced (complex would lose its imaginary part)
+    torch.save(torch.ones(D_MODEL, dtype=torch.complex64), tmp_path / "c.pt")
+    np.save(tmp_path / "b.npy", np.ones(D_MODEL, bool))
+    with pytest.raises(XmixSpecError, match=r"f: expected real numbers, got a torch\.complex64 tensor"):
+        load_vector(VectorFile(path=str(tmp_path / "c.pt")), "f")
+    with pytest.raises(XmixSpecError, match=r"f: expected real numbers, got dtype bool"):
+        load_vector(VectorFile(path=str(tmp_path / "b.npy")), "f")
     # a builder vector given as a path stays a path in the spec (loaded by each worker)
     a = MIApp("p")
     a.write("add", vector=tmp_path / "v.safetensors", key="dir")
     assert a.to_spec().ops[0].vector == VectorFile(path=str(tmp_path / "v.safetensors"), key="dir")
+
+
+def test_inline_vectors_are_real_numbers_and_take_no_key():
+    """An in-memory vector with ``key=`` (which only selects a tensor in a file) is refused, and so
+    are vectors that are not real numbers, in the builder and in a JSON deployment."""
+    with pytest.raises(XmixSpecError, match=r"k\.write\.vector: key='dir' names a tensor in a file"):
+        MIApp("k").write("add", vector=unit_rms(0), key="dir")
+    with pytest.raises(XmixSpecError, match=r"w\.read\.weight: key='dir' names a tensor in a file"):
+        MIApp("w").read("linear_probe", weight=unit_rms(0), key="dir")
+    for bad, what in ((unit_rms(0).astype(np.complex64), "complex64"), (np.array(["1"] * D_MODEL), "<U1"),
+                      (np.ones(D_MODEL, bool), "bool"), ([True] * D_MODEL, "bool")):
+        with pytest.raises(XmixSpecError, match=rf"c\.write\.vector: not a vector of real numbers \(dtype {what}\)"):
+            MIApp("c").write("add", vector=bad)
+    with pytest.raises(XmixSpecError, match=r"c\.write\.vector: expected real numbers, got a torch\.bool tensor"):
+        MIApp("c").write("add", vector=torch.ones(D_MODEL, dtype=torch.bool))
+    assert MIApp("i").write("add", vector=[1] * D_MODEL).layers([0]).to_spec().ops[0].vector == [1.0] * D_MODEL
+    j = MIApp("j")
+    j.write("add", vector=unit_rms(0)).layers([0])
+    raw = deploy(j)["xmix"]
+    for entry, shown in ((True, "bool True"), ("1.5", "str '1.5'")):
+        bad = json.loads(json.dumps(raw))
+        bad["apps"][0]["ops"][0]["vector"][3] = entry
+        with pytest.raises(XmixSpecError, match=rf"additional_config\.xmix\.apps\.0\.ops\.0\.vector: expected a number, got {shown}"):
+            parse_deployment(bad)
 
 
 def test_request_forms():

@@ -292,28 +292,29 @@ def validate_request(vllm_config, params):
     return validate_selection(vllm_config, ea[CONFIG_KEY], getattr(params, "n", 1))
 
 
-def validate_selection(vllm_config, raw, n: int = 1):
+def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
     """Validate a request's app selection (``extra_args["xmix"]`` / ``vllm_xargs["xmix"]``)
-    against the engine's deployment; returns (canonical wire dict, cache salt or None).
+    against the engine's deployment; returns (canonical wire dict, cache salt or None). ``field``
+    is how errors name the selection (``mi_apps`` offline, ``vllm_xargs.xmix`` over HTTP).
 
     Raises:
         XmixSpecError (a ValueError) naming the field.
     """
-    apps = parse_request_apps(raw, field="mi_apps")
+    apps = parse_request_apps(raw, field=field)
     if not apps:
         return {"apps": []}, None
     dep, hashes = _deployment_of(vllm_config)
     if dep is None:
         raise XmixSpecError(
-            f"mi_apps: app(s) {[a.name for a in apps]} requested but no apps are deployed on this "
+            f"{field}: app(s) {[a.name for a in apps]} requested but no apps are deployed on this "
             "engine (start it with additional_config={'xmix': ...}, see vllm_xmix.deploy)"
         )
     n_layers = _text_config(vllm_config.model_config).num_hidden_layers
-    check_request_against_deployment(apps, dep, n_layers, hashes=hashes)
+    check_request_against_deployment(apps, dep, n_layers, field=field, hashes=hashes)
     for i, ra in enumerate(apps):
         if ra.scale != 0.0:  # (None: the deployed scales)
-            check_write_magnitude(vllm_config, ra.name, ra.scale, f"mi_apps[{i}].scale")
-    check_router_masks(apps, dep, n_layers)
+            check_write_magnitude(vllm_config, ra.name, ra.scale, f"{field}[{i}].scale")
+    check_router_masks(apps, dep, n_layers, field=field)
     wire = request_to_wire(apps)
     # apps whose coefficients are all zero change nothing: they do not split the prefix cache
     effective = []
@@ -323,7 +324,7 @@ def validate_selection(vllm_config, raw, n: int = 1):
         if ra.scale == 0:
             continue
         if app.has_reads and n > 1:
-            raise XmixSpecError(f"mi_apps[{i}]: app {ra.name!r} has reads; reads with n > 1 (parallel "
+            raise XmixSpecError(f"{field}[{i}]: app {ra.name!r} has reads; reads with n > 1 (parallel "
                                 f"sampling) are not supported (got n={n})")
         reads_prompt |= app.reads_prompt()
         # apps whose writes can land on prompt positions change the prompt's KV: salted by content;
@@ -383,16 +384,17 @@ def http_precheck(serving, request, n_prompts: int = 1) -> str | None:
     try:
         if vllm_config is None:
             return None  # the engine checks it when the request is added
-        wire, _ = validate_selection(vllm_config, xargs[CONFIG_KEY], getattr(request, "n", 1) or 1)
+        wire, _ = validate_selection(vllm_config, xargs[CONFIG_KEY], getattr(request, "n", 1) or 1,
+                                     field=f"vllm_xargs.{CONFIG_KEY}")
         if not wire or not wire["apps"]:
             return None
         if getattr(request, "use_beam_search", False):
-            raise XmixSpecError("mi_apps: beam search builds its own sampling requests, which would run without "
+            raise XmixSpecError(f"vllm_xargs.{CONFIG_KEY}: beam search builds its own sampling requests, which would run without "
                                 "the apps; not supported with vllm-xmix apps")
         dep, _ = _deployment_of(vllm_config)
         reads = [a["name"] for a in wire["apps"] if dep.app(a["name"]).has_reads and a.get("scale") != 0]
         if reads and n_prompts > 1:
-            raise XmixSpecError(f"mi_apps: apps {reads} have reads, but a completions request with {n_prompts} "
+            raise XmixSpecError(f"vllm_xargs.{CONFIG_KEY}: apps {reads} have reads, but a completions request with {n_prompts} "
                                 "prompts returns one kv_transfer_params for all of them; send one prompt per request")
     except XmixSpecError as e:
         return str(e)

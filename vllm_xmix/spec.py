@@ -26,7 +26,7 @@ import re
 from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, Tag,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, Tag,
                       ValidationError, field_validator, model_validator)
 
 #: Key under ``additional_config`` (deployment) and ``SamplingParams.extra_args`` (request).
@@ -112,6 +112,10 @@ def _hook_name(hook: str) -> str:
 
 #: decoder-layer indices of an op: ``"all"`` or distinct non-negative ints (range, numpy ok)
 Layers = Annotated[Union[list[int], Literal["all"]], BeforeValidator(lambda v: v if v == "all" else _layer_list(v))]
+
+
+#: an entry of an inline vector: a real number (JSON number; bools and numeric strings refused)
+Number = Union[StrictFloat, StrictInt]
 
 
 class VectorFile(BaseModel):
@@ -217,7 +221,7 @@ class WriteOp(BaseModel):
     kind: str = "add"
     hook: str = "hook_resid_post"
     layers: Layers = "all"
-    vector: Union[list[float], VectorFile]
+    vector: Union[list[Number], VectorFile]
     scale: float = 1.0
     value: float | None = None
     cond: Cond | None = None
@@ -333,7 +337,7 @@ class ReadOp(BaseModel):
     scope: Literal["token", "request"] = "token"
     hook: str = "hook_resid_post"
     layers: Layers = "all"
-    weight: Union[list[float], VectorFile, None] = None
+    weight: Union[list[Number], VectorFile, None] = None
     bias: float = 0.0
     sigmoid: StrictBool = False
     positions: Literal["all", "generated", "last"] = "all"
@@ -603,7 +607,9 @@ def load_vector(ref: list[float] | VectorFile, field: str, allow_neg_inf: bool =
     """Load a vector as float32 numpy ``[d]``.
 
     Raises:
-        XmixSpecError: missing file, unknown key, not 1-D, non-finite values.
+        XmixSpecError: missing file, unknown key (or a key for a file without keys: ``.npy``, a
+            ``.pt`` holding one tensor), not real numbers (bool, complex, strings), not 1-D,
+            non-finite values.
     """
     if isinstance(ref, list):
         arr = np.asarray(ref, dtype=np.float32)
@@ -632,8 +638,18 @@ def load_vector(ref: list[float] | VectorFile, field: str, allow_neg_inf: bool =
                     if ref.key is None or ref.key not in obj:
                         raise XmixSpecError(f"{field}.key: {ref.key!r} not in {path} (has {sorted(obj)})")
                     obj = obj[ref.key]
+                elif ref.key is not None:
+                    raise XmixSpecError(f"{field}.key: {path} holds a single {type(obj).__name__}, not a dict of "
+                                        f"tensors: key {ref.key!r} selects nothing (leave it out)")
+                if not isinstance(obj, torch.Tensor):
+                    raise XmixSpecError(f"{field}.path: {path} holds a {type(obj).__name__}, not a tensor")
+                if obj.is_complex() or obj.dtype == torch.bool:
+                    raise XmixSpecError(f"{field}: expected real numbers, got a {obj.dtype} tensor in {path}")
                 arr = obj.detach().float().numpy()
             elif path.endswith(".npy"):
+                if ref.key is not None:
+                    raise XmixSpecError(f"{field}.key: a .npy file holds one array: key {ref.key!r} selects "
+                                        f"nothing in {path} (leave it out)")
                 arr = np.load(path, allow_pickle=False)
             else:
                 raise XmixSpecError(f"{field}.path: unsupported file type {path} (.safetensors, .pt, .npy)")
@@ -641,6 +657,8 @@ def load_vector(ref: list[float] | VectorFile, field: str, allow_neg_inf: bool =
             raise
         except Exception as e:  # corrupt file etc.
             raise XmixSpecError(f"{field}.path: cannot read {path}: {e}") from None
+        if np.asarray(arr).dtype.kind not in "fiu":  # bool, complex, strings: not a direction
+            raise XmixSpecError(f"{field}: expected real numbers, got dtype {np.asarray(arr).dtype} in {path}")
         arr = np.asarray(arr, dtype=np.float32)
     if arr.ndim != 1:
         raise XmixSpecError(f"{field}: expected a 1-D vector [d_model], got shape {list(arr.shape)}")
@@ -1001,12 +1019,22 @@ class MIApp:
         """A path (-> VectorFile fields) or array-like / tensor (-> list of floats)."""
         if isinstance(vector, (str, os.PathLike)):
             return {"path": os.fspath(vector), "key": key}
+        if key is not None:
+            raise XmixSpecError(f"{self.name}.{field}: key={key!r} names a tensor in a file, but the vector was "
+                                f"given as a {type(vector).__name__} (pass a file path, or leave key out)")
         if hasattr(vector, "detach"):
+            import torch
+
+            if vector.is_complex() or vector.dtype == torch.bool:
+                raise XmixSpecError(f"{self.name}.{field}: expected real numbers, got a {vector.dtype} tensor")
             vector = vector.detach().float().cpu().numpy()
         try:
-            arr = np.asarray(vector, dtype=np.float64)
+            raw = np.asarray(vector)
+            if raw.dtype.kind not in "fiu":  # bool, complex, strings, objects
+                raise TypeError(f"dtype {raw.dtype}")
+            arr = raw.astype(np.float64)
         except (TypeError, ValueError) as e:
-            raise XmixSpecError(f"{self.name}.{field}: not a vector of numbers ({e})") from None
+            raise XmixSpecError(f"{self.name}.{field}: not a vector of real numbers ({e})") from None
         if arr.ndim != 1:
             raise XmixSpecError(f"{self.name}.{field}: expected a 1-D vector, got shape {list(arr.shape)}")
         return arr.tolist()
