@@ -24,8 +24,21 @@ config: full-size vectors, 7 apps) driven with scheduler outputs shaped like vLL
 median host time of ``update_requests`` + ``fill`` + read snapshot / transport for a mixed step
 (one new request of 220 prompt tokens beside 40 decoding ones) and for a decode step.
 
+``--vs-plain``: the whole engine step against vLLM without the plugin, in the default compiled
+mode (no CUDA graphs on a CPU), with a serving-like arrival pattern: a 32-layer Llama config
+(d_model 64, dummy weights, token-id prompts), a new request of 16-400 prompt tokens every
+second step beside up to 32 decoding ones, ``max_num_batched_tokens`` 512 (chunked prefill).
+One process without the plugin (``VLLM_PLUGINS=""``), one with serve_bench's deployment
+(``--fused-writes``), each driving ``LLMEngine.step()`` under cProfile: wall ms per step that
+schedules prompt tokens ("mixed", where a request's first token comes from) and per decode step,
+and the functions whose *self* time per step grew most against the plain engine (where host
+time goes that is not the hook ops' compute; generated Inductor code counted as one function). It is the CPU stand-in for the +1.5 ms host time
+per mixed step seen in a GPU profile (RESULTS.md, F3); compute is CPU compute here, so only the
+differences outside the hook ops mean anything.
+
 usage: python benchmarks/host_overhead.py [--batch 64] [--tokens 64] [--configs none,steer_all,probe_one,cast]
        python benchmarks/host_overhead.py --serving-deployment benchmarks/models/llama31_8b
+       python benchmarks/host_overhead.py --vs-plain [--configs inactive,steer_all,probe_one] [--fused-writes adds]
 """
 
 from __future__ import annotations
@@ -45,13 +58,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--configs", default="none,steer_all,probe_one,cast")
+    ap.add_argument("--configs", default="none,steer_all,probe_one,cast",
+                    help="apps on per request (none: no app; --vs-plain: serve_bench's names, e.g. "
+                         "inactive,steer_all,probe_one)")
     ap.add_argument("--serving-deployment", metavar="MODEL_DIR",
                     help="time the worker-side runtime alone with serve_bench.py's deployment for this config")
     ap.add_argument("--fused-writes", choices=["none", "adds", "all"], default="none",
                     help="with --serving-deployment: the deployment's fused_writes (adds/all: fill() also "
                          "writes the per-token fused coefficients)")
+    ap.add_argument("--vs-plain", action="store_true",
+                    help="whole engine steps, compiled, serving-like arrivals: the plugin's engine vs plain vLLM")
+    ap.add_argument("--steps", type=int, default=300, help="with --vs-plain: measured engine steps per config")
+    ap.add_argument("--_engine", help=argparse.SUPPRESS)  # internal: one engine of --vs-plain
     args = ap.parse_args()
+    if args._engine:
+        return engine_steps(args._engine, args.configs, args.fused_writes, args.steps)
+    if args.vs_plain:
+        return vs_plain(args.configs, args.fused_writes, args.steps)
     if args.serving_deployment:
         return runtime_steps(args.serving_deployment, fused_writes=args.fused_writes)
 
@@ -160,6 +183,119 @@ def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int =
         for r in live:
             st._forget(r)
         print(f"  {app:12s} mixed {np.median(mixed[50:]) * 1e3:6.3f}  decode {np.median(dec[50:]) * 1e3:6.3f}")
+    return 0
+
+
+def _vs_plain_model() -> str:
+    """A 32-layer Llama config (d_model 64) for dummy weights, in a temp dir."""
+    import json
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="xmix-host-")
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=1024, hidden_size=64,
+               num_hidden_layers=32, num_attention_heads=2, num_key_value_heads=2, head_dim=32,
+               intermediate_size=128, max_position_embeddings=1024, rms_norm_eps=1e-5, torch_dtype="float32",
+               tie_word_embeddings=False)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return d
+
+
+def engine_steps(spec: str, configs: str, fused_writes: str, n_steps: int) -> int:
+    """One engine (``spec`` = "plain" or "xmix:MODEL_DIR") driven step by step under cProfile;
+    writes JSON (per config: ms per mixed / decode step, cumulative seconds per function) to stdout's
+    last line."""
+    import json
+    import tempfile
+
+    import numpy as np
+    from vllm import LLM, SamplingParams
+
+    kind, model = spec.split(":", 1)
+    kw = {}
+    names = ["plain"]
+    if kind == "xmix":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import serve_bench
+
+        from vllm_xmix import deploy
+
+        apps = serve_bench.apps_for(json.load(open(os.path.join(model, "config.json"))),
+                                    tempfile.mkdtemp(prefix="xmix-vecs-"))
+        kw["additional_config"] = deploy(*apps, fused_writes=fused_writes)
+        names = configs.split(",")
+    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, dtype="float32", max_model_len=1024,
+              max_num_seqs=48, max_num_batched_tokens=512, seed=0, block_size=32, **kw)
+    eng = llm.llm_engine
+    out = {}
+    def label(f, ln, fn):
+        if "torchinductor" in f or "torch_compile_cache" in f:  # generated code: its file name is a hash
+            return f"<inductor-generated>({fn})"
+        f = f.split("site-packages" + os.sep, 1)[-1] if "site-packages" in f else os.path.basename(f)
+        return f"{f}:{ln}({fn})"
+
+    for name, warm in ((n, w) for n in names for w in (True, False)):  # each config warmed up first
+        rng = np.random.default_rng(1)  # the same arrivals for every config
+        extra = None if name in ("plain", "inactive", "none") else {"xmix": {"apps": [{"name": name}]}}
+        sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, extra_args=extra)
+        steps = 40 if warm else n_steps
+        mixed, decode, k = [], [], 0
+        prof = cProfile.Profile()
+        for i in range(steps):
+            new = i % 2 == 0
+            if new:
+                p = rng.integers(10, 1000, int(np.clip(rng.lognormal(5.0, 0.9), 16, 400))).tolist()
+                eng.add_request(f"{name}-{warm}-{k}", {"prompt_token_ids": p}, sp)
+                k += 1
+            t = time.perf_counter()
+            prof.enable()
+            eng.step()
+            prof.disable()
+            (mixed if new else decode).append(time.perf_counter() - t)
+        while eng.has_unfinished_requests():
+            eng.step()
+        if warm:
+            continue
+        st = pstats.Stats(prof)
+        own = {}
+        for (f, ln, fn), (cc, nc, tt, ct, _) in st.stats.items():
+            own[label(f, ln, fn)] = own.get(label(f, ln, fn), 0.0) + tt / steps
+        out[name] = {"mixed_ms": float(np.median(mixed) * 1e3), "decode_ms": float(np.median(decode) * 1e3),
+                     "self_s_per_step": own}
+    print("XMIX_JSON " + json.dumps(out))
+    return 0
+
+
+def vs_plain(configs: str, fused_writes: str, n_steps: int) -> int:
+    import json
+    import subprocess
+
+    model = _vs_plain_model()
+    res = {}
+    for spec, env in (("plain:" + model, {"VLLM_PLUGINS": ""}), ("xmix:" + model, {})):
+        cmd = [sys.executable, os.path.abspath(__file__), "--_engine", spec, "--configs", configs,
+               "--fused-writes", fused_writes, "--steps", str(n_steps)]
+        p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+        line = [x for x in p.stdout.splitlines() if x.startswith("XMIX_JSON ")]
+        if p.returncode or not line:
+            sys.stderr.write(p.stderr[-4000:])
+            raise SystemExit(f"host_overhead: the {spec.split(':')[0]} engine failed (rc {p.returncode})")
+        res.update(json.loads(line[-1][len("XMIX_JSON "):]))
+    base = res["plain"]
+    print(f"32-layer Llama (d_model 64, dummy, compiled, CPU), fused_writes={fused_writes}, {n_steps} steps "
+          "per config: median ms per step (ratio to plain)")
+    print(f"  {'plain':10s} mixed {base['mixed_ms']:8.3f}            decode {base['decode_ms']:8.3f}")
+    for name in configs.split(","):
+        r = res[name]
+        print(f"  {name:10s} mixed {r['mixed_ms']:8.3f} ({r['mixed_ms'] / base['mixed_ms'] - 1:+6.1%})  "
+              f"decode {r['decode_ms']:8.3f} ({r['decode_ms'] / base['decode_ms'] - 1:+6.1%})")
+        keys = set(r["self_s_per_step"]) | set(base["self_s_per_step"])
+        grow = sorted(((r["self_s_per_step"].get(f, 0.0) - base["self_s_per_step"].get(f, 0.0), f) for f in keys),
+                      reverse=True)
+        print(f"      self time per step, all steps: {sum(r['self_s_per_step'].values()) * 1e3:.3f} ms "
+              f"(plain {sum(base['self_s_per_step'].values()) * 1e3:.3f}); grown most:")
+        for dv, f in grow[:12]:
+            print(f"      {dv * 1e3:+8.4f} ms/step self  {f}")
     return 0
 
 
