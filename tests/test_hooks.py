@@ -166,6 +166,30 @@ def test_compiled_projections_run_inside_the_graph(arch_engine, monkeypatch):
         assert not calls, "compiled, fused_writes='all': the projections were not fused into the graph"
 
 
+def test_an_app_runs_only_its_own_entries_at_a_shared_site(arch_engine, monkeypatch):
+    """blocks.2.hook_resid_post carries "post" (an add), "clamp_post" (a projection) and the
+    captures of "rd_pos": a request with "post" alone runs the add there, not the row-write
+    kernel the clamp needs nor the captures (``XmixState.site_plan``: entries of apps that are
+    off for every token of the step are left out), and equals HF; with "rd_pos" on too, the
+    captures run. Counted at the kernels' entry points (the CPU's reference kernels)."""
+    import vllm_xmix.ops as ops
+
+    llm, hf = arch_engine
+    calls = {"row_write_reference": 0, "read_rows_reference": 0}
+    for fn in calls:
+        real = getattr(ops, fn)
+
+        def counted(*a, _fn=fn, _real=real, **k):
+            calls[_fn] += 1
+            return _real(*a, **k)
+
+        monkeypatch.setattr(ops, fn, counted)
+    assert gen(llm, ["post"]) == [hf.greedy(p, N, deltas(["post"])) for p in PROMPTS]
+    assert calls == {"row_write_reference": 0, "read_rows_reference": 0}, (llm.mode, llm.fused_writes)
+    assert gen(llm, ["post", "rd_pos"]) == [hf.greedy(p, N, deltas(["post"])) for p in PROMPTS]
+    assert calls["read_rows_reference"] > 0 and calls["row_write_reference"] == 0
+
+
 def test_projection_and_add_compose_in_order(arch_engine):
     """Apps at one site apply in deployment order: an add then an ablation of its own direction
     at another site, and per-request scales, in one request; mixed with app-free requests."""

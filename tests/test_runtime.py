@@ -221,8 +221,9 @@ def test_per_token_fused_coefficients_follow_the_step():
     np.testing.assert_array_equal(st.tok_fc[:1].numpy()[0], st.req_rows["b"][st.fused_entries])
 
 
-def req(rid, *apps):
-    sp = NS(extra_args={"xmix": {"apps": [{"name": a} for a in apps]}})
+def req(rid, *apps, layers=None):
+    sel = [{"name": a} if layers is None else {"name": a, "layers": layers} for a in apps]
+    sp = NS(extra_args={"xmix": {"apps": sel}})
     return NS(req_id=rid, sampling_params=sp, prompt_token_ids=[1, 2, 3], num_computed_tokens=0)
 
 
@@ -263,6 +264,34 @@ def test_per_app_variants_run_only_the_sites_of_the_apps_on():
     assert st.run_mask == 0
     step(st, finished=["a", "e"])
     assert st.run_mask == 0  # nothing registered
+
+
+def test_a_variant_applies_only_the_entries_of_its_apps():
+    """At a site shared by several apps the hook op applies the entries of the step's apps only
+    (``site_plan``): steer_all alone at blocks.1.hook_resid_post adds without the probe's read,
+    the clamp alone at blocks.3.hook_mlp_out is a projection without SEAL's gate; two apps at
+    once (every site) apply both; a layer subset is covered by its app's variant."""
+    st = multi_state(fused_mode=True, fused_writes="none")
+    st.graph_variants()
+    post1, mlp3 = st.sites[(1, "hook_resid_post")], st.sites[(3, "hook_mlp_out")]
+
+    def plan(site):
+        p = st.site_plan(site, fused=0)
+        return None if p is None else ([st.entries[e].app for e in p.writes_host], p.has_proj, p.has_cond,
+                                       [st.entries[e].app for e in p.reads_host])
+
+    step(st, new_reqs=[req("a", "steer_all")])
+    assert plan(post1) == (["steer_all"], False, False, []) and plan(mlp3) is None
+    step(st, finished=["a"], new_reqs=[req("b", "probe")])
+    assert plan(post1) == ([], False, False, ["probe"]) and plan(mlp3) is None
+    step(st, finished=["b"], new_reqs=[req("c", "clamp")])
+    assert plan(mlp3) == (["clamp"], True, False, [])
+    step(st, cached=["c"], new_reqs=[req("d", "seal")])  # two apps: every site, both entries
+    assert st.run_mask == st.all_mask and plan(mlp3) == (["seal", "clamp"], True, True, [])
+    step(st, finished=["c", "d"], new_reqs=[req("e", "steer_all", layers=[1])])
+    assert plan(post1) == (["steer_all"], False, False, [])
+    step(st, finished=["e"])
+    assert plan(post1) is None
 
 
 def test_variants_without_compiled_graph_and_when_turned_off(monkeypatch):

@@ -47,38 +47,34 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: i
     runtime's raises ``RuntimeError`` (a stale compile cache)."""
     st = _state()
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
-    if not st.runs(site, fused):  # no app of this step needs this site (graph variants)
+    plan = st.site_plan(site, fused)  # the entries of the step's variant at this site
+    if plan is None:  # no app of this step needs this site (graph variants)
         return
     triton_ok = h.is_cuda and HAS_TRITON
-    if fused:  # the compiled graph already applied the site's unconditional writes
-        entries, host = st.site_rest[site], st.site_rest_host[site]
-    elif st.site_fused_t[site] is not None:  # eager, mixed site: the compiled order (those adds first)
-        steer_add(h, st.tok_slot, st.coef, st.site_fused_t[site], st.vectors)
-        entries, host = st.site_rest[site], st.site_rest_host[site]
-    else:
-        entries, host = st.site_entries[site], st.site_entries_host[site]
-    if entries is None:
+    if plan.pre is not None:  # eager, mixed site: the compiled order (the fused adds first)
+        steer_add(h, st.tok_slot, st.coef, plan.pre, st.vectors)
+    if plan.writes is None:
         pass  # nothing (left) to write here
-    elif not st.site_has_proj[site] and not st.site_has_cond[site]:  # the (token, slice)-parallel kernel
-        steer_add(h, st.tok_slot, st.coef, entries, st.vectors)
+    elif not plan.has_proj and not plan.has_cond:  # the (token, slice)-parallel kernel
+        steer_add(h, st.tok_slot, st.coef, plan.writes, st.vectors)
     else:  # one program per token; conditional entries get a per-token gate
         if triton_ok:  # the gate is evaluated inside the kernel
-            row_write_triton(h, other, st.tok_slot, st.coef, entries, st.kinds, st.values, st.vectors,
-                             cond=st.cond_args if st.site_has_cond[site] else None)
+            row_write_triton(h, other, st.tok_slot, st.coef, plan.writes, st.kinds, st.values, st.vectors,
+                             cond=st.cond_args if plan.has_cond else None)
         else:
-            mult = st.gate(site, h.shape[0], host) if st.site_has_cond[site] else None
-            row_write_reference(h, other, st.tok_slot, st.coef, host, st.kinds_host,
+            mult = st.gate(site, h.shape[0], plan.writes_host) if plan.has_cond else None
+            row_write_reference(h, other, st.tok_slot, st.coef, plan.writes_host, st.kinds_host,
                                 st.values_host, st.vectors, mult=mult)
-    if st.site_reads[site] is None:
+    if plan.reads is None:
         return
     if triton_ok:
-        read_rows_triton(h, other, st.tok_slot, st.coef, st.site_reads[site], st.kinds, st.cols, st.flags,
+        read_rows_triton(h, other, st.tok_slot, st.coef, plan.reads, st.kinds, st.cols, st.flags,
                          st.values, st.vectors, st.out)
     else:
-        read_rows_reference(h, other, st.tok_slot, st.coef, st.site_reads_host[site], st.kinds_host, st.cols_host,
+        read_rows_reference(h, other, st.tok_slot, st.coef, plan.reads_host, st.kinds_host, st.cols_host,
                             st.flags_host, st.values_host, st.vectors, st.out)
-    if st.n_req_bufs:
-        st.store_request_values(site, h.shape[0])
+    if plan.req_reads:
+        st.store_request_values(plan.req_reads, h.shape[0])
 
 
 def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: int) -> None:

@@ -11,7 +11,8 @@ Buffers (allocated once at model construction, never reallocated: CUDA graphs ba
   (app, op, layer) entry; row 0 stays zero.
 * ``vectors``   float32 ``[n_entries, d_model]``: the steering vector of each entry.
 * ``site_entries[site]`` int32: the write entries attached at one hook site (layer, hook);
-  ``site_reads[site]``: its read entries.
+  ``site_reads[site]``: its read entries; per captured variant the subset of the apps in it
+  (``site_plan``).
 * ``out``       float32 ``[max_tokens, n_read_cols]``: what reads wrote this step (a probe owns
   one column, a capture the hook's width); copied out after every forward that had a read on
   (``snapshot``), before the next step reuses it, and attached to the step's
@@ -90,6 +91,24 @@ class Entry:
     @property
     def is_read(self) -> bool:
         return self.kind in (PROBE, CAPTURE, COSINE)
+
+
+_MAX_PLANS = 16384  # cached site plans of uncaptured run masks, before they are dropped
+
+
+@dataclass(frozen=True)
+class _SitePlan:
+    """What a hook op applies at one site under one run mask (``XmixState.site_plan``): entry
+    indices as int32 device tensors (None: none) and host lists."""
+
+    pre: torch.Tensor | None  # eager forward at a site with fused adds and other writes: those adds, first
+    writes: torch.Tensor | None
+    writes_host: list[int]
+    has_proj: bool
+    has_cond: bool
+    reads: torch.Tensor | None
+    reads_host: list[int]
+    req_reads: list[int]  # request-scope condition reads among ``reads``
 
 
 CK_NONE, CK_TOKENS, CK_TOKENS_PREV, CK_BUF_TOKEN, CK_BUF_REQUEST = 0, 1, 2, 3, 4
@@ -419,17 +438,16 @@ class XmixState:
         return gate_reference(T, entries, self.cond_host, self.tok_slot, self.tok_pos,
                               self.slot_plen, a["tok_cur"], a["tok_prev"], a["bitmaps"], self.out, a["req_mean"])
 
-    def store_request_values(self, site: int, T: int) -> None:
-        """After the reads of ``site``: keep request-scope condition values by (slot, position)
-        for prompt positions, then the mean over the prompt for requests whose last prompt token
-        is in this step (``kernels/request_mean.py``)."""
+    def store_request_values(self, entries: list[int], T: int) -> None:
+        """After a site's reads: for its request-scope condition reads ``entries`` (entry
+        indices, ``_SitePlan.req_reads``) keep the values by (slot, position) for prompt
+        positions, then the mean over the prompt for requests whose last prompt token is in this
+        step (``kernels/request_mean.py``)."""
         cuda = self.device.type == "cuda" and HAS_TRITON
         store = request_mean.store_values_triton if cuda else request_mean.store_values_reference
         mean = request_mean.request_mean_triton if cuda else request_mean.request_mean_reference
-        for e_idx in self.site_reads_host[site]:
+        for e_idx in entries:
             e = self.entries[e_idx]
-            if e.req_k < 0:
-                continue
             vals = self.cbuf_req[e.req_k]
             store(vals, self.out, e.col, self.tok_slot, self.tok_pos, self.slot_plen, self.coef, e_idx, T)
             mean(vals, self.tok_slot, self.tok_pos, self.slot_plen, self.req_mean, e.req_k, T)
@@ -636,22 +654,29 @@ class XmixState:
 
     # ---------------------------------------------------------------- graph variants
     def _build_variant_bits(self) -> None:
-        """Per entry, the hook units (bit ``site``: the site's op; bit ``n_sites``: the embedding's
-        token bookkeeping) it needs to run: in eager forwards every entry needs its site; in
-        compiled ones the fused writes (``site_fused``) are applied by torch ops inside the
-        graph and need no op (``_bits_compiled``)."""
+        """Per entry, the hook units it needs to run (bit ``site``: the site's op; bit
+        ``n_sites``: the embedding's token bookkeeping) and its app's bit (bit ``n_sites + 1 +
+        k`` for the k-th deployed app), so that a run mask also says whose entries a hook op
+        applies (:meth:`site_plan`: at a site shared by several apps, a variant captured for one
+        app launches that app's entries only, not the others' gates, projections and reads). In
+        eager forwards every entry needs its site; in compiled ones the fused writes
+        (``site_fused``) are applied by torch ops inside the graph and need nothing
+        (``_bits_compiled`` 0: an app whose writes are all fused shares the app-free graphs)."""
         n = len(self.sites)
         self.tok_unit = n
         tok = 1 << n
+        app_bit = {a: 1 << (n + 1 + k) for k, a in enumerate(dict.fromkeys(e.app for e in self.entries))}
         self._bits_eager, self._bits_compiled = [], []
         for e_idx, e in enumerate(self.entries):
             sid = self.sites[(e.layer, e.hook)]
-            t = tok if e.ckind in (CK_TOKENS, CK_TOKENS_PREV) else 0
-            self._bits_eager.append((1 << sid) | t)
-            self._bits_compiled.append((0 if e_idx in self.site_fused[sid] else 1 << sid) | t)
+            b = (1 << sid) | (tok if e.ckind in (CK_TOKENS, CK_TOKENS_PREV) else 0) | app_bit[e.app]
+            self._bits_eager.append(b)
+            self._bits_compiled.append(0 if e_idx in self.site_fused[sid] else b)
         self.all_mask = 0
         for b in self._bits_eager:
             self.all_mask |= b
+        self._plans: dict[tuple[int, int, bool], _SitePlan] = {}
+        self._idx_t: dict[tuple[int, ...], torch.Tensor] = {}
 
     def _row_bits(self, row: np.ndarray) -> tuple[int, int]:
         """(eager, compiled) unit masks a coefficient row needs."""
@@ -687,7 +712,7 @@ class XmixState:
 
     def graph_variants(self) -> list[int]:
         """The variants (run masks) CUDA graphs are captured for, in capture order: app-free
-        first, then one per deployed app whose hook ops differ (``VLLM_XMIX_GRAPH_VARIANTS=apps``,
+        first, then one per deployed app that needs a hook op (``VLLM_XMIX_GRAPH_VARIANTS=apps``,
         the default; at most ``VLLM_XMIX_MAX_GRAPH_VARIANTS`` variants in all, 8 by default),
         every site last. ``VLLM_XMIX_GRAPH_VARIANTS=onoff``: app-free and every site only.
         Fixed at the first call (the first capture); from then on a step with apps on replays
@@ -707,6 +732,11 @@ class XmixState:
             self._variants = masks
             self.captured_masks = sorted(masks, key=lambda m: (bin(m).count("1"), m))
             self._cover = {}
+            for m in masks:  # the ops' plans of every captured variant, before any capture
+                for site in range(len(self.sites)):
+                    if (m >> site) & 1:
+                        for fused in (False, True):
+                            self._plans.setdefault((site, m, fused), self._make_plan(site, m, fused))
             logger.info("vllm_xmix: CUDA graphs captured for %d hook variants (app-free, %d per-app, all sites)",
                         len(masks), len(masks) - 2 if len(masks) > 1 else 0)
         return self._variants
@@ -742,12 +772,18 @@ class XmixState:
         Raises:
             RuntimeError: the graph applied other fused writes than this runtime's (a stale
             compile cache, or a plugin change without a new ``RUNTIME_ID``)."""
+        return bool(self._op_mask(site, fused))
+
+    def _op_mask(self, site: int, fused: int) -> int:
+        """The run mask the hook op of ``site`` applies in this forward, 0 if it does not run
+        (errors: :meth:`runs`)."""
         if fused and fused != self.site_fused_id[site]:
             raise RuntimeError(
                 f"vllm_xmix: the compiled graph applies other fused writes at {self.site_names[site]} "
                 f"(id {fused}) than this deployment ({self.site_fused_id[site]}): a stale torch.compile "
                 "cache; clear it (VLLM_CACHE_ROOT) or set VLLM_DISABLE_COMPILE_CACHE=1")
         fused = bool(fused)
+        mask = self.run_mask
         if self.site_fused[site]:
             if self.fused_mode is None:  # the first call that tells: compiled (True) or eager
                 self.fused_mode = fused
@@ -756,8 +792,63 @@ class XmixState:
                 # an eager forward in a compiled engine: the site's unconditional adds are this
                 # op's to apply, so it runs wherever a registered request needs any of its entries
                 self.need_mask()
-                return bool(((self.run_mask | self._need[0]) >> site) & 1)
-        return bool((self.run_mask >> site) & 1)
+                mask |= self._need[0]
+        return mask if (mask >> site) & 1 else 0
+
+    def site_plan(self, site: int, fused: int) -> "_SitePlan | None":
+        """What the hook op of ``site`` applies in this forward (None: it does not run): the
+        site's entries whose app and units are in the run mask (:meth:`_build_variant_bits`).
+        Entries left out have coefficient 0 for every token of the step (the mask covers every
+        entry a request of the step has on), so leaving them out changes no value; it changes
+        which kernel runs (an app's plain adds take the (token, slice)-parallel add kernel even
+        where another app's conditional or projection writes share the site) and which reads
+        are computed. ``fused``: as in :meth:`runs`.
+
+        Raises:
+            RuntimeError: a stale compile cache (see :meth:`runs`); a plan first needed while a
+            CUDA graph is being captured (plans of captured variants are built before capture
+            by :meth:`graph_variants`)."""
+        mask = self._op_mask(site, fused)
+        if not mask:
+            return None
+        key = (site, mask, bool(fused))
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _MAX_PLANS:  # eager engines: masks follow the requests' layer subsets
+                keep = set(self.captured_masks)
+                self._plans = {k: v for k, v in self._plans.items() if k[1] in keep}
+            plan = self._plans[key] = self._make_plan(site, mask, bool(fused))
+        return plan
+
+    def _make_plan(self, site: int, mask: int, fused: bool) -> "_SitePlan":
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"vllm_xmix: no hook plan for {self.site_names[site]} under variant {mask:#x} "
+                               "was built before CUDA-graph capture")
+        keep = [(b & ~mask) == 0 for b in self._bits_eager]  # the entry's units and app are in the mask
+        pre: list[int] = []
+        if fused:  # the compiled graph applied the site's fused writes
+            writes = self.site_rest_host[site] or []
+        elif self.site_fused_t[site] is not None:  # eager, mixed site: the compiled order (those adds first)
+            pre = [e for e in self.site_fused[site] if keep[e]]
+            writes = self.site_rest_host[site] or []
+        else:
+            writes = self.site_entries_host[site] or []
+        writes = [e for e in writes if keep[e]]
+        reads = [e for e in (self.site_reads_host[site] or []) if keep[e]]
+        cond = set(self.cond_entries)
+        return _SitePlan(
+            pre=self._idx(pre), writes=self._idx(writes), writes_host=writes,
+            has_proj=any(self.entries[e].kind == PROJ for e in writes), has_cond=any(e in cond for e in writes),
+            reads=self._idx(reads), reads_host=reads, req_reads=[e for e in reads if self.entries[e].req_k >= 0])
+
+    def _idx(self, entries: list[int]) -> torch.Tensor | None:
+        """Entry indices as an int32 device tensor (one per distinct list), None for none."""
+        if not entries:
+            return None
+        t = self._idx_t.get(tuple(entries))
+        if t is None:
+            t = self._idx_t[tuple(entries)] = torch.tensor(entries, dtype=torch.int32, device=self.device)
+        return t
 
     def dummy_forward(self) -> None:
         """Before a forward that does not go through :meth:`fill` (vLLM's dummy runs: profiling,
