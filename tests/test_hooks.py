@@ -168,26 +168,24 @@ def test_compiled_projections_run_inside_the_graph(arch_engine, monkeypatch):
 
 def test_an_app_runs_only_its_own_entries_at_a_shared_site(arch_engine, monkeypatch):
     """blocks.2.hook_resid_post carries "post" (an add), "clamp_post" (a projection) and the
-    captures of "rd_pos": a request with "post" alone runs the add there, not the row-write
-    kernel the clamp needs nor the captures (``XmixState.site_plan``: entries of apps that are
-    off for every token of the step are left out), and equals HF; with "rd_pos" on too, the
-    captures run. Counted at the kernels' entry points (the CPU's reference kernels)."""
+    captures of "rd_pos": a request with "post" alone applies its own add there (with the row
+    kernel, the site's kernel in every variant) but not the clamp's entry nor the captures
+    (``XmixState.site_plan``: entries of apps that are off for every token of the step are left
+    out), and equals HF; with "rd_pos" on too, the captures run. Counted at the kernels' entry
+    points (the CPU's reference kernels; no CUDA graphs here, so no variant nesting)."""
     import vllm_xmix.ops as ops
 
     llm, hf = arch_engine
-    calls = {"row_write_reference": 0, "read_rows_reference": 0}
-    for fn in calls:
-        real = getattr(ops, fn)
-
-        def counted(*a, _fn=fn, _real=real, **k):
-            calls[_fn] += 1
-            return _real(*a, **k)
-
-        monkeypatch.setattr(ops, fn, counted)
+    rows, reads = [], []
+    real_row, real_read = ops.row_write_reference, ops.read_rows_reference
+    monkeypatch.setattr(ops, "row_write_reference", lambda *a, **k: (rows.append(list(a[4])), real_row(*a, **k))[1])
+    monkeypatch.setattr(ops, "read_rows_reference", lambda *a, **k: (reads.append(1), real_read(*a, **k))[1])
     assert gen(llm, ["post"]) == [hf.greedy(p, N, deltas(["post"])) for p in PROMPTS]
-    assert calls == {"row_write_reference": 0, "read_rows_reference": 0}, (llm.mode, llm.fused_writes)
+    assert not reads and all(len(e) == 1 for e in rows), (llm.mode, llm.fused_writes, rows[:3])
+    if llm.mode == "eager" or llm.fused_writes != "all":
+        assert rows, "the add at the projection's site ran no row kernel"
     assert gen(llm, ["post", "rd_pos"]) == [hf.greedy(p, N, deltas(["post"])) for p in PROMPTS]
-    assert calls["read_rows_reference"] > 0 and calls["row_write_reference"] == 0
+    assert reads
 
 
 def test_projection_and_add_compose_in_order(arch_engine):

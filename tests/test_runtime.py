@@ -267,30 +267,35 @@ def test_per_app_variants_run_only_the_sites_of_the_apps_on():
 
 
 def test_a_variant_applies_only_the_entries_of_its_apps():
-    """At a site shared by several apps the hook op applies the entries of the step's apps only
-    (``site_plan``): steer_all alone at blocks.1.hook_resid_post adds without the probe's read,
-    the clamp alone at blocks.3.hook_mlp_out is a projection without SEAL's gate; two apps at
-    once (every site) apply both; a layer subset is covered by its app's variant."""
+    """At a site shared by several apps the hook op applies the entries of the apps in the
+    step's variant only (``site_plan``), with the site's kernel whatever the variant (so a
+    request's values do not depend on the other apps in its batch). An app's variant also holds
+    the apps whose sites lie within its own (the probe's site is one of steer_all's; the clamp's
+    is SEAL's): a step mixing them replays it, not every site. Layer subsets are covered by
+    their app's variant."""
     st = multi_state(fused_mode=True, fused_writes="none")
-    st.graph_variants()
+    assert len(st.graph_variants()) == 7  # app-free, steer_all+probe, ablate, probe, seal+clamp, clamp, all
     post1, mlp3 = st.sites[(1, "hook_resid_post")], st.sites[(3, "hook_mlp_out")]
 
     def plan(site):
         p = st.site_plan(site, fused=0)
-        return None if p is None else ([st.entries[e].app for e in p.writes_host], p.has_proj, p.has_cond,
+        return None if p is None else ([st.entries[e].app for e in p.writes_host], p.row, p.has_cond,
                                        [st.entries[e].app for e in p.reads_host])
 
-    step(st, new_reqs=[req("a", "steer_all")])
-    assert plan(post1) == (["steer_all"], False, False, []) and plan(mlp3) is None
-    step(st, finished=["a"], new_reqs=[req("b", "probe")])
-    assert plan(post1) == ([], False, False, ["probe"]) and plan(mlp3) is None
-    step(st, finished=["b"], new_reqs=[req("c", "clamp")])
-    assert plan(mlp3) == (["clamp"], True, False, [])
-    step(st, cached=["c"], new_reqs=[req("d", "seal")])  # two apps: every site, both entries
+    step(st, new_reqs=[req("a", "probe")])
+    assert plan(post1) == ([], False, False, ["probe"]) and plan(mlp3) is None  # steer_all's add left out
+    step(st, finished=["a"], new_reqs=[req("b", "clamp")])
+    assert plan(mlp3) == (["clamp"], True, False, [])  # SEAL's gate left out; still the row kernel
+    step(st, cached=["b"], new_reqs=[req("c", "seal")])  # SEAL's variant holds the clamp
+    assert st.run_mask != st.all_mask and plan(mlp3) == (["seal", "clamp"], True, True, [])
+    step(st, finished=["b", "c"], new_reqs=[req("d", "steer_all"), req("e", "probe")])  # nested: steer_all's
+    assert st.run_mask != st.all_mask and plan(post1) == (["steer_all"], False, False, ["probe"])
+    assert plan(mlp3) is None
+    step(st, finished=["d", "e"], new_reqs=[req("f", "steer_all", layers=[1])])
+    assert plan(post1) == (["steer_all"], False, False, ["probe"])
+    step(st, cached=["f"], new_reqs=[req("g", "seal")])  # not nested: every site, every entry
     assert st.run_mask == st.all_mask and plan(mlp3) == (["seal", "clamp"], True, True, [])
-    step(st, finished=["c", "d"], new_reqs=[req("e", "steer_all", layers=[1])])
-    assert plan(post1) == (["steer_all"], False, False, [])
-    step(st, finished=["e"])
+    step(st, finished=["f", "g"])
     assert plan(post1) is None
 
 

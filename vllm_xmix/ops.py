@@ -55,7 +55,7 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: i
         steer_add(h, st.tok_slot, st.coef, plan.pre, st.vectors)
     if plan.writes is None:
         pass  # nothing (left) to write here
-    elif not plan.has_proj and not plan.has_cond:  # the (token, slice)-parallel kernel
+    elif not plan.row:  # the (token, slice)-parallel kernel
         steer_add(h, st.tok_slot, st.coef, plan.writes, st.vectors)
     else:  # one program per token; conditional entries get a per-token gate
         if triton_ok:  # the gate is evaluated inside the kernel

@@ -104,8 +104,8 @@ class _SitePlan:
     pre: torch.Tensor | None  # eager forward at a site with fused adds and other writes: those adds, first
     writes: torch.Tensor | None
     writes_host: list[int]
-    has_proj: bool
-    has_cond: bool
+    row: bool  # the site's writes need the one-program-per-token kernel (projections or conditions at the site)
+    has_cond: bool  # some of ``writes`` are conditional (their gate is evaluated)
     reads: torch.Tensor | None
     reads_host: list[int]
     req_reads: list[int]  # request-scope condition reads among ``reads``
@@ -676,7 +676,9 @@ class XmixState:
         for b in self._bits_eager:
             self.all_mask |= b
         self._plans: dict[tuple[int, int, bool], _SitePlan] = {}
+        self._plan_bits = ~((1 << n) - 1)  # what a site's plan depends on besides its own bit: token unit, apps
         self._idx_t: dict[tuple[int, ...], torch.Tensor] = {}
+        self._cond_set = set(self.cond_entries)
 
     def _row_bits(self, row: np.ndarray) -> tuple[int, int]:
         """(eager, compiled) unit masks a coefficient row needs."""
@@ -713,30 +715,40 @@ class XmixState:
     def graph_variants(self) -> list[int]:
         """The variants (run masks) CUDA graphs are captured for, in capture order: app-free
         first, then one per deployed app that needs a hook op (``VLLM_XMIX_GRAPH_VARIANTS=apps``,
-        the default; at most ``VLLM_XMIX_MAX_GRAPH_VARIANTS`` variants in all, 8 by default),
-        every site last. ``VLLM_XMIX_GRAPH_VARIANTS=onoff``: app-free and every site only.
+        the default; at most ``VLLM_XMIX_MAX_GRAPH_VARIANTS`` variants in all, 8 by default;
+        an app's variant also runs the apps whose sites all lie within its own, so apps with the
+        same sites share one and a step mixing nested apps replays the larger one's), every
+        site last. ``VLLM_XMIX_GRAPH_VARIANTS=onoff``: app-free and every site only.
         Fixed at the first call (the first capture); from then on a step with apps on replays
         the smallest variant that covers the apps of its requests (:meth:`fill`)."""
         if self._variants is None:
             bits = self._bits_compiled if self.fused_mode else self._bits_eager
             masks = [0]
             if self.variant_mode == "apps":
+                app_masks = []
                 for idxs in self._app_entries.values():
                     m = 0
                     for i in idxs:
                         m |= bits[i]
-                    if m and m != self.all_mask and m not in masks and len(masks) < self.max_variants - 1:
-                        masks.append(m)
+                    app_masks.append(m)
+                units = ~self._plan_bits | (1 << self.tok_unit)  # site bits and the token unit
+                for m in app_masks:
+                    # apps whose units all lie within this app's join its variant (their entries
+                    # run in it too), so a step mixing them replays it rather than every site
+                    v = m
+                    for o in app_masks:
+                        if o and (o & units) & ~(m & units) == 0:
+                            v |= o
+                    if v and v != self.all_mask and v not in masks and len(masks) < self.max_variants - 1:
+                        masks.append(v)
             if self.all_mask not in masks:
                 masks.append(self.all_mask)
             self._variants = masks
             self.captured_masks = sorted(masks, key=lambda m: (bin(m).count("1"), m))
             self._cover = {}
             for m in masks:  # the ops' plans of every captured variant, before any capture
-                for site in range(len(self.sites)):
-                    if (m >> site) & 1:
-                        for fused in (False, True):
-                            self._plans.setdefault((site, m, fused), self._make_plan(site, m, fused))
+                for site, fused in self._plan_keys(m):
+                    self._plans.setdefault((site, m & self._plan_bits, fused), self._make_plan(site, m, fused))
             logger.info("vllm_xmix: CUDA graphs captured for %d hook variants (app-free, %d per-app, all sites)",
                         len(masks), len(masks) - 2 if len(masks) > 1 else 0)
         return self._variants
@@ -811,14 +823,22 @@ class XmixState:
         mask = self._op_mask(site, fused)
         if not mask:
             return None
-        key = (site, mask, bool(fused))
+        key = (site, mask & self._plan_bits, bool(fused))
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) >= _MAX_PLANS:  # eager engines: masks follow the requests' layer subsets
-                keep = set(self.captured_masks)
+                keep = {m & self._plan_bits for m in self.captured_masks}
                 self._plans = {k: v for k, v in self._plans.items() if k[1] in keep}
             plan = self._plans[key] = self._make_plan(site, mask, bool(fused))
         return plan
+
+    def _plan_keys(self, mask: int):
+        """(site, fused) of every plan an op can ask for under ``mask``."""
+        for site in range(len(self.sites)):
+            if (mask >> site) & 1:
+                yield site, False
+                if self.site_fused[site]:
+                    yield site, True
 
     def _make_plan(self, site: int, mask: int, fused: bool) -> "_SitePlan":
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -835,10 +855,13 @@ class XmixState:
             writes = self.site_entries_host[site] or []
         writes = [e for e in writes if keep[e]]
         reads = [e for e in (self.site_reads_host[site] or []) if keep[e]]
-        cond = set(self.cond_entries)
         return _SitePlan(
             pre=self._idx(pre), writes=self._idx(writes), writes_host=writes,
-            has_proj=any(self.entries[e].kind == PROJ for e in writes), has_cond=any(e in cond for e in writes),
+            # the kernel is the site's, whatever the variant: the row kernel rounds to the dtype
+            # after each entry, the add kernel once, so choosing by variant would make a request's
+            # values depend on which other apps share its batch
+            row=self.site_has_proj[site] or self.site_has_cond[site],
+            has_cond=any(e in self._cond_set for e in writes),
             reads=self._idx(reads), reads_host=reads, req_reads=[e for e in reads if self.entries[e].req_k >= 0])
 
     def _idx(self, entries: list[int]) -> torch.Tensor | None:
