@@ -32,9 +32,9 @@ One process without the plugin (``VLLM_PLUGINS=""``), one with serve_bench's dep
 (``--fused-writes``), each driving ``LLMEngine.step()`` under cProfile: wall ms per step that
 schedules prompt tokens ("mixed", where a request's first token comes from) and per decode step,
 and the functions whose *self* time per step grew most against the plain engine (where host
-time goes that is not the hook ops' compute; generated Inductor code counted as one function). It is the CPU stand-in for the +1.5 ms host time
-per mixed step seen in a GPU profile (RESULTS.md, F3); compute is CPU compute here, so only the
-differences outside the hook ops mean anything.
+time goes that is not the hook ops' compute; generated Inductor code counted as one function).
+It is the CPU stand-in for the +1.5 ms host time per mixed step seen in a GPU profile
+(RESULTS.md, F3); compute is CPU compute here, so only which functions run carries over.
 
 usage: python benchmarks/host_overhead.py [--batch 64] [--tokens 64] [--configs none,steer_all,probe_one,cast]
        python benchmarks/host_overhead.py --serving-deployment benchmarks/models/llama31_8b
@@ -202,9 +202,9 @@ def _vs_plain_model() -> str:
 
 
 def engine_steps(spec: str, configs: str, fused_writes: str, n_steps: int) -> int:
-    """One engine (``spec`` = "plain" or "xmix:MODEL_DIR") driven step by step under cProfile;
-    writes JSON (per config: ms per mixed / decode step, cumulative seconds per function) to stdout's
-    last line."""
+    """One engine (``spec`` = "plain:MODEL_DIR" or "xmix:MODEL_DIR") driven step by step under
+    cProfile; prints JSON (per config: median ms per mixed / decode step, self seconds per function
+    and step) as the last line of stdout, after ``XMIX_JSON``."""
     import json
     import tempfile
 
@@ -228,6 +228,7 @@ def engine_steps(spec: str, configs: str, fused_writes: str, n_steps: int) -> in
               max_num_seqs=48, max_num_batched_tokens=512, seed=0, block_size=32, **kw)
     eng = llm.llm_engine
     out = {}
+
     def label(f, ln, fn):
         if "torchinductor" in f or "torch_compile_cache" in f:  # generated code: its file name is a hash
             return f"<inductor-generated>({fn})"

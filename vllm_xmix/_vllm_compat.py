@@ -389,13 +389,14 @@ def http_precheck(serving, request, n_prompts: int = 1) -> str | None:
         if not wire or not wire["apps"]:
             return None
         if getattr(request, "use_beam_search", False):
-            raise XmixSpecError(f"vllm_xargs.{CONFIG_KEY}: beam search builds its own sampling requests, which would run without "
-                                "the apps; not supported with vllm-xmix apps")
+            raise XmixSpecError(f"vllm_xargs.{CONFIG_KEY}: beam search builds its own sampling requests, which "
+                                "would run without the apps; not supported with vllm-xmix apps")
         dep, _ = _deployment_of(vllm_config)
         reads = [a["name"] for a in wire["apps"] if dep.app(a["name"]).has_reads and a.get("scale") != 0]
         if reads and n_prompts > 1:
-            raise XmixSpecError(f"vllm_xargs.{CONFIG_KEY}: apps {reads} have reads, but a completions request with {n_prompts} "
-                                "prompts returns one kv_transfer_params for all of them; send one prompt per request")
+            raise XmixSpecError(f"vllm_xargs.{CONFIG_KEY}: apps {reads} have reads, but a completions request with "
+                                f"{n_prompts} prompts returns one kv_transfer_params for all of them; send one "
+                                "prompt per request")
     except XmixSpecError as e:
         return str(e)
     return None

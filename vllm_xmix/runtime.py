@@ -10,9 +10,9 @@ Buffers (allocated once at model construction, never reallocated: CUDA graphs ba
 * ``coef``      float32 ``[max_slots, n_entries]``: per slot, one coefficient per
   (app, op, layer) entry; row 0 stays zero.
 * ``vectors``   float32 ``[n_entries, d_model]``: the steering vector of each entry.
-* ``site_entries[site]`` int32: the write entries attached at one hook site (layer, hook);
-  ``site_reads[site]``: its read entries; per captured variant the subset of the apps in it
-  (``site_plan``).
+* ``site_entries_host[site]``: the write entries attached at one hook site (layer, hook);
+  ``site_reads_host[site]``: its read entries. A hook op applies, per run mask, the subset of
+  the apps in it (``site_plan``: int32 device tensors of entry indices, built before capture).
 * ``out``       float32 ``[max_tokens, n_read_cols]``: what reads wrote this step (a probe owns
   one column, a capture the hook's width); copied out after every forward that had a read on
   (``snapshot``), before the next step reuses it, and attached to the step's
@@ -228,15 +228,12 @@ class XmixState:
         st.coef = torch.zeros(max_slots, max(1, len(st.entries)), dtype=torch.float32, device=dev)
         st.vectors = (torch.from_numpy(np.stack(vecs)) if vecs else torch.zeros(1, width, device="cpu")).to(dev)
         n = len(st.sites)
-        st.site_entries, st.site_entries_host = [None] * n, [None] * n  # writes
-        st.site_reads, st.site_reads_host = [None] * n, [None] * n
+        st.site_entries_host, st.site_reads_host = [None] * n, [None] * n
         st.site_has_proj = [False] * n
         for key, sid in st.sites.items():
             writes = [e for e in per_site[key] if not st.entries[e].is_read]
             reads = [e for e in per_site[key] if st.entries[e].is_read]
-            st.site_entries[sid] = torch.tensor(writes, dtype=torch.int32, device=dev) if writes else None
             st.site_entries_host[sid] = writes
-            st.site_reads[sid] = torch.tensor(reads, dtype=torch.int32, device=dev) if reads else None
             st.site_reads_host[sid] = reads
             st.site_has_proj[sid] = any(st.entries[e].kind == PROJ for e in writes)
         st.site_has_cond = [False] * n
@@ -320,9 +317,9 @@ class XmixState:
         torch.compile the hook emits them as torch ops (the token's coefficients from
         ``tok_fc``, multiply-adds, for projections a row dot product) that Inductor fuses into
         the neighbouring kernels (the next residual add + RMSNorm), so they cost no launch of
-        ours; the custom op then applies the rest (``site_rest``: conditional writes, and
+        ours; the custom op then applies the rest (``site_rest_host``: conditional writes, and
         projections at sites that also have conditional writes) and the reads. Eager runs apply
-        every entry in the op (``site_entries``), with the same semantics (adds only:
+        every entry in the op (``site_entries_host``), with the same semantics (adds only:
         :func:`.kernels.steer_add.steer_add_reference`; with projections: sequential,
         :func:`.kernels.row_write.row_write_reference`)."""
         from .adapters._residual import RESIDUAL_HOOKS
@@ -331,8 +328,8 @@ class XmixState:
         self.site_fused: list[tuple[int, ...]] = [()] * n
         self.site_fused_spec: list[tuple[tuple[int, int, float, int], ...]] = [()] * n
         self.site_fused_id: list[int] = [0] * n  # what a compiled graph must say it applied (ops.hook_write_)
-        self.site_rest, self.site_rest_host = list(self.site_entries), list(self.site_entries_host)
-        self.site_fused_t: list[torch.Tensor | None] = [None] * n  # sites with fused and other writes
+        self.site_rest_host = list(self.site_entries_host)
+        self.site_fused_first = [False] * n  # sites with fused and other writes (eager: the fused adds first)
         mode = self.deployment.fused_writes
         for (L, hook), sid in self.sites.items():
             writes = self.site_entries_host[sid] or []
@@ -349,9 +346,8 @@ class XmixState:
             rest = [e for e in writes if e not in fused]
             self.site_fused[sid] = fused
             self.site_rest_host[sid] = rest
-            self.site_rest[sid] = torch.tensor(rest, dtype=torch.int32, device=self.device) if rest else None
-            if fused and rest:  # eager runs apply these first too, so both paths round the same way
-                self.site_fused_t[sid] = torch.tensor(fused, dtype=torch.int32, device=self.device)
+            # eager runs apply these first too, so both paths round the same way
+            self.site_fused_first[sid] = bool(rest)
         # each fused entry's column in the per-token coefficient table ``tok_fc`` (filled by
         # ``fill`` from the step's requests: a fused write reads its token's coefficient with one
         # load instead of gathering through the token's slot)
@@ -812,9 +808,8 @@ class XmixState:
         site's entries whose app and units are in the run mask (:meth:`_build_variant_bits`).
         Entries left out have coefficient 0 for every token of the step (the mask covers every
         entry a request of the step has on), so leaving them out changes no value; it changes
-        which kernel runs (an app's plain adds take the (token, slice)-parallel add kernel even
-        where another app's conditional or projection writes share the site) and which reads
-        are computed. ``fused``: as in :meth:`runs`.
+        which entries' vectors are loaded, which gates evaluated and which reads computed; the
+        kernel stays the site's (``_SitePlan.row``). ``fused``: as in :meth:`runs`.
 
         Raises:
             RuntimeError: a stale compile cache (see :meth:`runs`); a plan first needed while a
@@ -848,7 +843,7 @@ class XmixState:
         pre: list[int] = []
         if fused:  # the compiled graph applied the site's fused writes
             writes = self.site_rest_host[site] or []
-        elif self.site_fused_t[site] is not None:  # eager, mixed site: the compiled order (those adds first)
+        elif self.site_fused_first[site]:  # eager, mixed site: the compiled order (those adds first)
             pre = [e for e in self.site_fused[site] if keep[e]]
             writes = self.site_rest_host[site] or []
         else:

@@ -26,8 +26,8 @@ import re
 from typing import Annotated, Any, Literal, Union
 
 import numpy as np
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, Tag,
-                      ValidationError, field_validator, model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, StrictFloat,
+                      StrictInt, Tag, ValidationError, field_validator, model_validator)
 
 #: Key under ``additional_config`` (deployment) and ``SamplingParams.extra_args`` (request).
 CONFIG_KEY = "xmix"
@@ -657,9 +657,10 @@ def load_vector(ref: list[float] | VectorFile, field: str, allow_neg_inf: bool =
             raise
         except Exception as e:  # corrupt file etc.
             raise XmixSpecError(f"{field}.path: cannot read {path}: {e}") from None
-        if np.asarray(arr).dtype.kind not in "fiu":  # bool, complex, strings: not a direction
-            raise XmixSpecError(f"{field}: expected real numbers, got dtype {np.asarray(arr).dtype} in {path}")
-        arr = np.asarray(arr, dtype=np.float32)
+        arr = np.asarray(arr)
+        if arr.dtype.kind not in "fiu":  # bool, complex, strings: not a direction
+            raise XmixSpecError(f"{field}: expected real numbers, got dtype {arr.dtype} in {path}")
+        arr = arr.astype(np.float32)
     if arr.ndim != 1:
         raise XmixSpecError(f"{field}: expected a 1-D vector [d_model], got shape {list(arr.shape)}")
     bad = ~np.isfinite(arr)
