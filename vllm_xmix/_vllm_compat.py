@@ -33,6 +33,7 @@ import json
 import logging
 import uuid
 
+from .hf_config import n_experts, text_config
 from .spec import (
     CONFIG_KEY,
     XmixSpecError,
@@ -88,19 +89,6 @@ def _mark(name: str, target, attr: str, wrapper) -> None:
 # ------------------------------------------------------------------------------------ config
 
 
-def _text_config(model_config):
-    hf = model_config.hf_config
-    return hf.get_text_config() if hasattr(hf, "get_text_config") else hf
-
-
-def _n_experts(text_config) -> int | None:
-    for k in ("num_local_experts", "num_experts", "n_routed_experts"):
-        v = getattr(text_config, k, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
 def validate_engine_config(vllm_config) -> None:
     """Check ``additional_config["xmix"]`` against the model and the engine features.
 
@@ -128,8 +116,8 @@ def validate_engine_config(vllm_config) -> None:
                     f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}.hook: {op.hook!r} is not "
                     f"available on {archs[0]} (available: {', '.join(adapter.HOOKS)})"
                 )
-    text = _text_config(mc)
-    validate_deployment(dep, text.num_hidden_layers, text.hidden_size, _n_experts(text),
+    text = text_config(mc.hf_config)
+    validate_deployment(dep, text.num_hidden_layers, text.hidden_size, n_experts(text),
                         getattr(text, "vocab_size", None))
     from .runtime import check_buffer_bytes, engine_limits, graph_variant_settings
 
@@ -141,7 +129,7 @@ def validate_engine_config(vllm_config) -> None:
     except ValueError as e:
         raise XmixSpecError(f"additional_config.xmix: {e}") from None
 
-    check_buffer_bytes(dep, text.num_hidden_layers, text.hidden_size, _n_experts(text), *engine_limits(vllm_config))
+    check_buffer_bytes(dep, text.num_hidden_layers, text.hidden_size, n_experts(text), *engine_limits(vllm_config))
     token_cond = any(op.primitive == "write" and op.cond is not None and op.cond.buffer is None
                      for app in dep.apps for op in app.ops)
     if token_cond and getattr(mc, "enable_prompt_embeds", False):
@@ -309,7 +297,7 @@ def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
             f"{field}: app(s) {[a.name for a in apps]} requested but no apps are deployed on this "
             "engine (start it with additional_config={'xmix': ...}, see vllm_xmix.deploy)"
         )
-    n_layers = _text_config(vllm_config.model_config).num_hidden_layers
+    n_layers = text_config(vllm_config.model_config.hf_config).num_hidden_layers
     check_request_against_deployment(apps, dep, n_layers, field=field, hashes=hashes)
     for i, ra in enumerate(apps):
         if ra.scale != 0.0:  # (None: the deployed scales)

@@ -41,40 +41,41 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: i
     """``h`` [T, d_model]: the tensor the write lands on (mutated); ``other`` [T, d_model] or
     None: the other half of the residual stream (the hook's value is ``h + other``), read by
     projection writes only; ``site``: index of the (layer, hook) site in the model's state;
-    ``fused``: 0, or the fingerprint (``runtime.fused_id``) of the site's unconditional writes
-    (``XmixState.site_fused``) that torch ops in the compiled graph already applied
+    ``fused``: 0, or the fingerprint (``runtime.layout.fused_id``) of the site's unconditional writes
+    (``DeviceLayout.site_fused``) that torch ops in the compiled graph already applied
     (``adapters._residual``), so only the rest is applied here; a fingerprint other than the
     runtime's raises ``RuntimeError`` (a stale compile cache)."""
     st = _state()
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
-    plan = st.site_plan(site, fused)  # the entries of the step's variant at this site
+    plan = st.variants.site_plan(site, fused)  # the entries of the step's variant at this site
     if plan is None:  # no app of this step needs this site (graph variants)
         return
+    lay = st.layout  # the device tables (runtime/layout.py)
     triton_ok = h.is_cuda and HAS_TRITON
     if plan.pre is not None:  # eager, mixed site: the compiled order (the fused adds first)
-        steer_add(h, st.tok_slot, st.coef, plan.pre, st.vectors)
+        steer_add(h, lay.tok_slot, lay.coef, plan.pre, lay.vectors)
     if plan.writes is None:
         pass  # nothing (left) to write here
     elif not plan.row:  # the (token, slice)-parallel kernel
-        steer_add(h, st.tok_slot, st.coef, plan.writes, st.vectors)
+        steer_add(h, lay.tok_slot, lay.coef, plan.writes, lay.vectors)
     else:  # one program per token; conditional entries get a per-token gate
         if triton_ok:  # the gate is evaluated inside the kernel
-            row_write_triton(h, other, st.tok_slot, st.coef, plan.writes, st.kinds, st.values, st.vectors,
-                             cond=st.cond_args if plan.has_cond else None)
+            row_write_triton(h, other, lay.tok_slot, lay.coef, plan.writes, lay.kinds, lay.values, lay.vectors,
+                             cond=lay.conditions.cond_args if plan.has_cond else None)
         else:
-            mult = st.gate(site, h.shape[0], plan.writes_host) if plan.has_cond else None
-            row_write_reference(h, other, st.tok_slot, st.coef, plan.writes_host, st.kinds_host,
-                                st.values_host, st.vectors, mult=mult)
+            mult = lay.conditions.gate(site, h.shape[0], plan.writes_host) if plan.has_cond else None
+            row_write_reference(h, other, lay.tok_slot, lay.coef, plan.writes_host, lay.kinds_host,
+                                lay.values_host, lay.vectors, mult=mult)
     if plan.reads is None:
         return
     if triton_ok:
-        read_rows_triton(h, other, st.tok_slot, st.coef, plan.reads, st.kinds, st.cols, st.flags,
-                         st.values, st.vectors, st.out)
+        read_rows_triton(h, other, lay.tok_slot, lay.coef, plan.reads, lay.kinds, lay.cols, lay.flags,
+                         lay.values, lay.vectors, lay.out)
     else:
-        read_rows_reference(h, other, st.tok_slot, st.coef, plan.reads_host, st.kinds_host, st.cols_host,
-                            st.flags_host, st.values_host, st.vectors, st.out)
+        read_rows_reference(h, other, lay.tok_slot, lay.coef, plan.reads_host, lay.kinds_host, lay.cols_host,
+                            lay.flags_host, lay.values_host, lay.vectors, lay.out)
     if plan.req_reads:
-        st.store_request_values(plan.req_reads, h.shape[0])
+        lay.conditions.store_request_values(plan.req_reads, h.shape[0])
 
 
 def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: int) -> None:

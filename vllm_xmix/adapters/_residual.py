@@ -37,9 +37,7 @@ import functools
 import torch
 
 from ..kernels.row_write import ADD, PROJ
-
-RESIDUAL_HOOKS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
-
+from ..runtime.layout import RESIDUAL_HOOKS
 
 #: names of the runtime's buffers on each module whose hook has fused writes (the same tensors on
 #: every such module; ``tok_fc``: each token's coefficient of each fused entry, ``vectors``): as

@@ -1,0 +1,192 @@
+"""The per-step fill: before each forward, the device tables that say which request (slot) each
+token of the step belongs to, and the coefficient rows of requests that got a slot this step.
+
+Per step, on the forward's stream: ``tok_slot[:n]`` int32 (and with fused writes ``tok_fc[:n]``,
+with conditions ``tok_pos[:n]``) is uploaded from a pinned staging ring, and the coefficient rows
+of new slots with ``index_copy_``. Nothing here reads device data back, so async scheduling keeps
+its overlap. The step's run mask (graph variant) is chosen here too.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from itertools import repeat
+
+import numpy as np
+import torch
+
+from .layout import DeviceLayout
+from .reads import ReadTransport
+from .slots import NULL_SLOT, SlotRegistry
+from .variants import GraphVariants
+
+logger = logging.getLogger("vllm.xmix")
+
+#: pinned staging buffers for the per-step uploads, used in turn: a buffer is written again only
+#: after the copy that read it has run (vLLM keeps one or two steps in flight)
+RING = 4
+
+
+@dataclass
+class _Stage:
+    tok: torch.Tensor
+    rows: torch.Tensor
+    idx: torch.Tensor
+    pos: torch.Tensor
+    plen: torch.Tensor
+    fc: torch.Tensor  # [max_tokens, n_fused] float32: the step's per-token fused coefficients
+    event: object | None = None
+    keep: list = field(default_factory=list)  # pinned sources of in-flight copies
+
+
+class StepFill:
+    """Fills the layout's per-step tables from the scheduler's batch (see the module docstring).
+
+    ``forwards``: forwards filled so far; ``high_water``: tokens of the last step that had apps
+    on (``tok_slot`` is zero beyond it); ``stage_waits``: times a fill had to wait for an earlier
+    step's upload to finish."""
+
+    def __init__(self, layout: DeviceLayout, slots: SlotRegistry, variants: GraphVariants,
+                 reads: ReadTransport) -> None:
+        self.layout, self.slots, self.variants, self.reads = layout, slots, variants, reads
+        lay = layout
+        pin = lay.device.type == "cuda"
+        self._ring = [
+            _Stage(
+                tok=torch.zeros(lay.max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
+                rows=torch.zeros(lay.max_slots, lay.coef.shape[1], dtype=torch.float32, device="cpu", pin_memory=pin),
+                idx=torch.zeros(lay.max_slots, dtype=torch.int64, device="cpu", pin_memory=pin),
+                pos=torch.zeros(lay.max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
+                plen=torch.zeros(lay.max_slots, dtype=torch.int32, device="cpu", pin_memory=pin),
+                fc=torch.zeros(lay.tok_fc.shape, dtype=torch.float32, device="cpu", pin_memory=pin),
+            )
+            for _ in range(RING)
+        ]
+        self._ring_pos = 0
+        self._fc_zero = np.zeros(len(lay.fused_entries), dtype=np.float32)
+        self.high_water = 0
+        self.forwards = 0
+        self.stage_waits = 0
+
+    def fill(self, req_ids, num_scheduled_tokens: np.ndarray, n_padded: int | None = None) -> None:
+        """Write ``tok_slot`` for this step's tokens (batch order) and upload new slot rows.
+
+        ``req_ids``: batch-ordered request ids; ``num_scheduled_tokens``: int array, same order.
+        ``n_padded``: the padded token count when known (V2), else padding relies on the
+        invariant that ``tok_slot`` is zero beyond the last written non-null token.
+
+        Raises:
+            RuntimeError: more tokens than the buffers hold, or no request slot left
+            (:meth:`.slots.SlotRegistry.slot_for`)."""
+        lay, reg, var = self.layout, self.slots, self.variants
+        cond = lay.conditions
+        self.forwards += 1
+        if not reg.req_rows and self.high_water == 0 and not reg.pending_rows:
+            var.set_variant(0)
+            return  # fast path: no app on anywhere; tok_slot is all null already
+        n_req = len(num_scheduled_tokens)
+        ids = req_ids[:n_req]
+        # per-request Python kept off the common path (every request with a row already has a slot)
+        slots = np.fromiter(map(reg.req_slot.get, ids, repeat(NULL_SLOT)), dtype=np.int32, count=n_req)
+        # slots exist only for requests with a row (req_slot keys are a subset of req_rows keys)
+        if len(reg.req_slot) < len(reg.req_rows):  # some request with apps on has no slot yet
+            for i in np.flatnonzero(slots == NULL_SLOT).tolist():
+                slots[i] = reg.slot_for(ids[i])
+        T = int(num_scheduled_tokens.sum())
+        n_on = int(np.count_nonzero(slots))
+        if not n_on:
+            var.set_variant(0)
+        elif n_on == var.n_requests:  # every registered request is in this step: the cached union
+            var.set_variant(var.variant_for(var.need_mask()))
+        else:  # some are not (waiting for a chunk, preempted): what this step's requests need
+            var.set_variant(var.variant_for(var.need_of(ids[i] for i in np.flatnonzero(slots).tolist())))
+        any_on = n_on > 0
+        if not any_on and self.high_water == 0 and not reg.pending_rows:
+            return
+        n = max(T, self.high_water)
+        if n_padded is not None:
+            n = max(n, min(n_padded, lay.max_tokens))
+        if T > lay.max_tokens:
+            raise RuntimeError(f"vllm_xmix: {T} tokens in a step > buffer size {lay.max_tokens}")
+        stage = self._next_stage()
+        tok = stage.tok.numpy()
+        tok[:T] = np.repeat(slots, num_scheduled_tokens[:n_req])
+        tok[T:n] = NULL_SLOT
+        lay.tok_slot[:n].copy_(stage.tok[:n], non_blocking=True)
+        # written whenever fused entries exist, whatever fused_mode says: the first op call decides
+        # fused_mode, and a compiled graph may still run after an eager forward came first
+        if lay.fused_entries.size:
+            fc = stage.fc.numpy()
+            if any_on:
+                fc[:T] = np.repeat(np.stack(list(map(reg.req_fc.get, ids, repeat(self._fc_zero)))),
+                                   num_scheduled_tokens[:n_req], axis=0)
+            else:
+                fc[:T] = 0.0
+            fc[T:n] = 0.0
+            lay.tok_fc[:n].copy_(stage.fc[:n], non_blocking=True)
+        row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])[:-1]])  # first row of each request
+        if cond.has_cond:  # absolute position of every token (0 for app-free tokens and padding)
+            starts = np.fromiter(map(reg.step_pos.get, ids, repeat(0)), dtype=np.int64, count=n_req)
+            pos = stage.pos.numpy()
+            pos[:T] = np.repeat(starts - row0, num_scheduled_tokens[:n_req]) + np.arange(T)
+            pos[:T][tok[:T] == NULL_SLOT] = 0
+            pos[T:n] = 0
+            cond.tok_pos[:n].copy_(stage.pos[:n], non_blocking=True)
+        if reg.pending_rows:
+            k = len(reg.pending_rows)
+            for i, (s, row, plen, prompt) in enumerate(reg.pending_rows):
+                stage.idx[i] = s
+                stage.rows[i].numpy()[:] = row
+                stage.plen[i] = plen
+                if prompt is not None and cond.has_token_cond:  # for a first chunk after a cache hit
+                    src = torch.tensor(prompt[: cond.hist.shape[1]], dtype=torch.int32)
+                    if lay.device.type == "cuda":
+                        src = src.pin_memory()
+                    stage.keep.append(src)
+                    cond.hist[s, : src.shape[0]].copy_(src, non_blocking=True)
+            reg.pending_rows.clear()
+            rows = stage.rows[:k].to(lay.device, non_blocking=True)
+            idx = stage.idx[:k].to(lay.device, non_blocking=True)
+            lay.coef.index_copy_(0, idx, rows)
+            if cond.has_cond:
+                cond.slot_plen.index_copy_(0, idx, stage.plen[:k].to(lay.device, non_blocking=True))
+        if stage.event is not None:
+            stage.event.record()
+        self.high_water = T if any_on else 0
+        if reg.step_pos and reg.req_reads:
+            self.reads.step_reads = [
+                (r, int(row0[i]), int(num_scheduled_tokens[i]), reg.step_pos[r]) + reg.req_reads[r]
+                for i, r in enumerate(req_ids[:n_req]) if r in reg.req_reads and r in reg.step_pos]
+
+    def dummy_forward(self) -> None:
+        """Before a forward that does not go through :meth:`fill` (vLLM's dummy runs: profiling,
+        warm-up, idle data-parallel ranks): no token belongs to any request, so the step's slot
+        table is cleared (a dummy token must not write into a live request's slot) and, outside a
+        variant capture, the step runs without the hook ops."""
+        lay = self.layout
+        if self.high_water:
+            lay.tok_slot[: self.high_water].zero_()
+            if lay.fused_entries.size:
+                lay.tok_fc[: self.high_water].zero_()
+            self.high_water = 0
+        if not self.variants.capturing_variants:
+            self.variants.set_variant(0)
+
+    def _next_stage(self) -> _Stage:
+        stage = self._ring[self._ring_pos]
+        self._ring_pos = (self._ring_pos + 1) % len(self._ring)
+        if self.layout.device.type == "cuda":
+            if stage.event is None:
+                stage.event = torch.cuda.Event()
+            elif not stage.event.query():  # the H2D copy that last read this buffer has not run yet
+                # (never expected: vLLM waits for each step's output before scheduling far ahead;
+                # a blocking wait here would stall the host, so it is counted)
+                self.stage_waits += 1
+                if self.stage_waits == 1:
+                    logger.warning("vllm_xmix: a step's slot-table upload waited for the one %d steps earlier "
+                                   "(the host ran that far ahead of the GPU); counted in XmixState.stage_waits",
+                                   len(self._ring))
+                stage.event.synchronize()
+        stage.keep.clear()
+        return stage
