@@ -1,0 +1,199 @@
+"""What users write: the :class:`MIApp` builder (xMIx programming interface, Blum et al.,
+section 4.1), which lowers to an :class:`AppSpec`, and :func:`deploy`, which turns apps into
+vLLM's ``additional_config``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from .deployment import parse_deployment
+from .errors import XmixSpecError, _fmt_validation_error
+from .model import AppSpec
+from .names import CONFIG_KEY, KNOWN_READ_KINDS, _hook_name
+
+
+class _OpBuilder:
+    """Refines one op of an :class:`MIApp`; every method returns ``self`` for chaining."""
+
+    def __init__(self, app: "MIApp", fields: dict[str, Any]):
+        self._app = app
+        self._fields = fields
+
+    def layers(self, layers) -> "_OpBuilder":
+        """``[int, ...]``, ``range(...)`` or ``"all"``."""
+        if isinstance(layers, range):
+            layers = list(layers)
+        elif isinstance(layers, int) and not isinstance(layers, bool):
+            layers = [layers]
+        self._fields["layers"] = layers
+        return self
+
+    def submodule(self, hook: str) -> "_OpBuilder":
+        """TransformerLens hook name, e.g. ``"hook_resid_post"``."""
+        self._fields["hook"] = _hook_name(hook)
+        return self
+
+    def cond(self, **predicate) -> "_OpBuilder":
+        """Guard a write with a predicate (see :class:`Cond`): ``tokens=[ids]``,
+        ``tokens_prev=[ids]``, or ``buffer="name", op=">", threshold=t``; optional
+        ``positions="generated"``. Reads cannot be conditioned (rejected)."""
+        if not predicate:
+            raise XmixSpecError(f"{self._app.name}.cond: give a predicate: tokens=[...], tokens_prev=[...], "
+                                "or buffer=..., op=..., threshold=...")
+        self._fields["cond"] = predicate
+        return self
+
+    # allow app-level chaining from an op: MIApp("x").write(...).layers(...).write(...)
+    def write(self, *a, **k) -> "_OpBuilder":
+        return self._app.write(*a, **k)
+
+    def read(self, *a, **k) -> "_OpBuilder":
+        return self._app.read(*a, **k)
+
+    def to_spec(self) -> AppSpec:
+        return self._app.to_spec()
+
+    def content_hash(self) -> str:
+        return self._app.content_hash()
+
+    @property
+    def name(self) -> str:
+        return self._app.name
+
+
+class MIApp:
+    """Builder for an MI app (xMIx programming interface, Blum et al., section 4.1).
+
+    Example::
+
+        app = MIApp("happy")
+        app.write("add", vector=v, scale=4.0).layers([1, 2]).submodule("hook_resid_post")
+        llm = LLM(model, additional_config=deploy(app))
+
+    ``vector``: a sequence of floats / numpy array / torch tensor of shape ``[d_model]``, or a
+    path (``.safetensors``, ``.pt``, ``.npy``; ``key=`` selects a tensor).
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self._ops: list[_OpBuilder] = []
+
+    def write(self, kind: str = "add", *, vector=None, scale: float = 1.0, value: float | None = None,
+              key: str | None = None) -> _OpBuilder:
+        """Declare a write (``"add"``, ``"ablate"``, ``"clamp"`` with ``value``, ``"router_bias"``;
+        see :class:`WriteOp` for shapes and semantics).
+        Returns the op builder (``.layers``, ``.submodule``, ``.cond``)."""
+        if vector is None:
+            raise XmixSpecError(f"{self.name}.write: vector is required")
+        vec = self._vector_field(vector, key, "write.vector")
+        fields = {"primitive": "write", "kind": kind, "vector": vec, "scale": scale}
+        if value is not None:
+            fields["value"] = value
+        op = _OpBuilder(self, fields)
+        self._ops.append(op)
+        return op
+
+    def read(self, kind: str, *, weight=None, bias: float = 0.0, sigmoid: bool = False,
+             positions: str | None = None, name: str | None = None, key: str | None = None,
+             buffer: str | None = None, scope: str | None = None) -> _OpBuilder:
+        """Declare a read: ``"linear_probe"`` (``weight`` ``[d_model]``, ``bias``, ``sigmoid``),
+        ``"cosine"`` (``weight``: the condition vector) or ``"capture"`` (``positions``:
+        ``"all"``, ``"generated"``, ``"last"``); ``name`` keys the result in
+        ``RequestOutput.mi_results[app]``; ``buffer`` (+ ``scope``) makes it a condition read
+        for ``cond(buffer=...)`` instead. See :class:`ReadOp` for shapes and
+        semantics. Returns the op builder (``.layers``, ``.submodule``, ``.cond``).
+
+        Raises:
+            XmixSpecError: unknown kind, missing probe weight, bad vector.
+        """
+        if kind not in KNOWN_READ_KINDS:
+            raise XmixSpecError(f"{self.name}.read: unknown read kind {kind!r}; known: {', '.join(KNOWN_READ_KINDS)}")
+        fields: dict[str, Any] = {"primitive": "read", "kind": kind}
+        if weight is not None:
+            fields["weight"] = self._vector_field(weight, key, "read.weight")
+        if bias != 0.0:
+            fields["bias"] = bias
+        if sigmoid:
+            fields["sigmoid"] = sigmoid
+        if positions is not None:
+            fields["positions"] = positions
+        if name is not None:
+            fields["name"] = name
+        if buffer is not None:
+            fields["buffer"] = buffer
+        if scope is not None:
+            fields["scope"] = scope
+        op = _OpBuilder(self, fields)
+        self._ops.append(op)
+        return op
+
+    def _vector_field(self, vector, key: str | None, field: str) -> Any:
+        """A path (-> VectorFile fields) or array-like / tensor (-> list of floats)."""
+        if isinstance(vector, (str, os.PathLike)):
+            return {"path": os.fspath(vector), "key": key}
+        if key is not None:
+            raise XmixSpecError(f"{self.name}.{field}: key={key!r} names a tensor in a file, but the vector was "
+                                f"given as a {type(vector).__name__} (pass a file path, or leave key out)")
+        if hasattr(vector, "detach"):
+            import torch
+
+            if vector.is_complex() or vector.dtype == torch.bool:
+                raise XmixSpecError(f"{self.name}.{field}: expected real numbers, got a {vector.dtype} tensor")
+            vector = vector.detach().float().cpu().numpy()
+        try:
+            raw = np.asarray(vector)
+            if raw.dtype.kind not in "fiu":  # bool, complex, strings, objects
+                raise TypeError(f"dtype {raw.dtype}")
+            arr = raw.astype(np.float64)
+        except (TypeError, ValueError) as e:
+            raise XmixSpecError(f"{self.name}.{field}: not a vector of real numbers ({e})") from None
+        if arr.ndim != 1:
+            raise XmixSpecError(f"{self.name}.{field}: expected a 1-D vector, got shape {list(arr.shape)}")
+        return arr.tolist()
+
+    def to_spec(self) -> AppSpec:
+        """Validate and lower to :class:`AppSpec`. Raises XmixSpecError naming the field."""
+        try:
+            return AppSpec.model_validate({"name": self.name, "ops": [dict(o._fields) for o in self._ops]})
+        except ValidationError as e:
+            raise XmixSpecError(_fmt_validation_error(f"app {self.name!r}", e)) from None
+
+    def to_json(self) -> str:
+        return self.to_spec().model_dump_json()
+
+    @staticmethod
+    def from_json(s: str) -> AppSpec:
+        try:
+            return AppSpec.model_validate_json(s)
+        except ValidationError as e:
+            raise XmixSpecError(_fmt_validation_error("app", e)) from None
+
+    def content_hash(self) -> str:
+        return self.to_spec().content_hash()
+
+
+def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict, fused_writes: str = "none") -> dict[str, Any]:
+    """Build vLLM's ``additional_config`` for these apps: ``{"xmix": {"apps": [...],
+    "fused_writes": ...}}``.
+
+    ``fused_writes``: ``"none"`` (default), ``"adds"`` or ``"all"``: which unconditional writes a
+    compiled engine applies inside its graph, at a cost to every request, apps on or off
+    (trade-off and measured costs: :class:`DeploymentConfig`; no effect with ``enforce_eager``).
+
+    Raises:
+        XmixSpecError: for an invalid app or ``fused_writes`` (the message names the field).
+    """
+    specs = []
+    for a in apps:
+        if isinstance(a, (MIApp, _OpBuilder)):  # MIApp("x").write(...).layers(...) chains end on an op
+            specs.append(a.to_spec())
+        elif isinstance(a, AppSpec):
+            specs.append(a)
+        else:
+            specs.append(parse_deployment({"apps": [a]}).apps[0])
+    dep = parse_deployment({"apps": [s.model_dump(mode="json") for s in specs], "fused_writes": fused_writes})
+    return {CONFIG_KEY: dep.model_dump(mode="json", exclude_none=True)}

@@ -1,0 +1,508 @@
+"""The plain data an app lowers to: pydantic models (JSON-serialisable) and their validators.
+
+:class:`AppSpec` (a name and its :class:`WriteOp` / :class:`ReadOp` ops, writes optionally
+guarded by a :class:`Cond`), :class:`DeploymentConfig` (``additional_config["xmix"]``) and
+:class:`RequestApp` (one app switched on by a request). Validation here is structural (types,
+finiteness, kinds, hooks, per-kind rules); the checks against a model (layer range, vector
+length) are in :mod:`.deployment`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from typing import Annotated, Any, Literal, Union
+
+import numpy as np
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, StrictFloat,
+                      StrictInt, Tag, field_validator, model_validator)
+
+from .names import (CAPTURE_POSITIONS, KNOWN_READ_KINDS, KNOWN_WRITE_KINDS, ROUTER_HOOK, SUPPORTED_HOOKS,
+                    SUPPORTED_WRITE_KINDS, _hook_name)
+
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
+
+
+def _finite_number(v) -> float:
+    """Any real number (Python or numpy), not bool, not a string; finite."""
+    import numbers
+
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise ValueError(f"expected a number, got {type(v).__name__} {v!r}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"must be finite, got {v}")
+    return v
+
+
+def _layer_list(v) -> list[int]:
+    """A non-empty sequence of distinct non-negative ints (list, tuple, range, numpy ints)."""
+    import numbers
+
+    if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
+        raise ValueError(f"expected a list of layer indices, got {type(v).__name__} {v!r}")
+    out = []
+    for x in v:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+            raise ValueError(f"layer indices must be integers, got {type(x).__name__} {x!r}")
+        out.append(int(x))
+    if not out:
+        raise ValueError("empty list")
+    if len(set(out)) != len(out):
+        raise ValueError(f"duplicate layer indices in {out}")
+    if any(x < 0 for x in out):
+        raise ValueError(f"negative layer index in {out}")
+    return sorted(out)
+
+
+#: decoder-layer indices of an op: ``"all"`` or distinct non-negative ints (range, numpy ok)
+Layers = Annotated[Union[list[int], Literal["all"]], BeforeValidator(lambda v: v if v == "all" else _layer_list(v))]
+
+
+#: an entry of an inline vector: a real number (JSON number; bools and numeric strings refused)
+Number = Union[StrictFloat, StrictInt]
+
+
+class VectorFile(BaseModel):
+    """A vector stored in a file: ``.safetensors`` (``key`` names the tensor; optional when the
+    file holds one), ``.pt``/``.pth`` (a tensor, or a dict with ``key``) or ``.npy``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    path: str
+    key: str | None = None
+
+
+class Cond(BaseModel):
+    """The predicate of a conditional write (xMIx section 3: a write guarded by a predicate
+    computed on the GPU). Exactly one of:
+
+    * ``tokens``: token ids; the write applies at a position whose *current* (input) token is in
+      the set (SEAL, Chen et al. 2025: steer at ``"\\n\\n"``-like tokens);
+    * ``tokens_prev``: the write applies at a position whose *previous* token is in the set;
+    * ``buffer``: the name of a condition read of the same app (``read(..., buffer=name)``),
+      compared with ``threshold`` by ``op``. Its ``scope`` decides what is compared: ``"token"``:
+      the value at the same position (same forward); ``"request"``: the mean of the value over
+      the request's prompt tokens, decided once the prompt is processed, and the write then
+      applies at every position from the last prompt token on, i.e. to every generated token
+      (CAST, Lee et al. 2025). Identical for every chunking of the prompt.
+
+    ``positions="generated"`` restricts a token or per-token condition to positions of generated
+    tokens (the prompt's KV is then untouched and keeps sharing the prefix cache).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[int] | None = None
+    tokens_prev: list[int] | None = None
+    buffer: str | None = None
+    op: Literal[">", ">=", "<", "<="] | None = None  # buffer conditions; default ">"
+    threshold: float | None = None
+    positions: Literal["all", "generated"] = "all"
+
+    @field_validator("tokens", "tokens_prev", mode="before")
+    @classmethod
+    def _ids(cls, v):
+        if v is None:
+            return v
+        import numbers
+
+        if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
+            raise ValueError(f"expected a list of token ids, got {type(v).__name__}")
+        out = []
+        for x in v:
+            if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral) or x < 0:
+                raise ValueError(f"token ids must be non-negative integers, got {x!r}")
+            out.append(int(x))
+        if not out:
+            raise ValueError("empty token set")
+        return sorted(set(out))
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _thr(cls, v):
+        return None if v is None else _finite_number(v)
+
+    @model_validator(mode="after")
+    def _one(self):
+        given = [k for k in ("tokens", "tokens_prev", "buffer") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of tokens, tokens_prev, buffer (got {given or 'none'})")
+        if self.buffer is not None and self.threshold is None:
+            raise ValueError("threshold: a buffer condition needs a threshold")
+        if self.buffer is None and (self.threshold is not None or self.op is not None):
+            raise ValueError("threshold/op: only a buffer condition takes them")
+        if self.buffer is not None and self.op is None:
+            self.op = ">"
+        return self
+
+    def kind(self) -> str:
+        return "tokens" if self.tokens is not None else "tokens_prev" if self.tokens_prev is not None else "buffer"
+
+
+class WriteOp(BaseModel):
+    """One write: ``kind`` applied at ``blocks.{L}.{hook}`` for every ``L`` in ``layers``.
+
+    Fields:
+        kind: for every token ``t`` of a request that has the app on (prompt and generated):
+            ``"add"``: ``h[t] += scale * vector`` (activation addition, Turner et al. 2023);
+            ``"ablate"``: ``h[t] -= scale * (h[t] . r) r`` with ``r = vector / |vector|``
+            (directional ablation, Arditi et al. 2024; scale 1 removes the direction);
+            ``"clamp"``: ``h[t] += scale * (value - h[t] . r) r`` (scale 1 sets the projection
+            on ``r`` to ``value``). For ``hook_resid_*`` hooks ``h`` is the whole residual stream.
+            ``"router_bias"`` (only at ``mlp.hook_router_logits``): ``logits[t] += scale * bias``
+            with ``bias`` ``[n_experts]`` before top-k; ``-inf`` masks an expert (SteerMoE,
+            Fayyaz et al. 2026). Use a positive scale with ``-inf`` entries.
+        hook: TransformerLens hook name (``hook_resid_post``: the residual stream after layer L,
+            i.e. what layer L+1 reads; on vLLM's fused stream that is ``hidden + residual``).
+        layers: decoder-layer indices (0-based) or ``"all"``.
+        vector: float values, length ``d_model`` (the model's hidden size), or a ``VectorFile``.
+        scale: default coefficient; a request may override it (0 = off).
+        value: clamp target (projection on ``r``, in the activation's units); required for
+            ``clamp`` and refused for the other kinds.
+        cond: optional :class:`Cond`: the write applies only where the predicate holds.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    primitive: Literal["write"] = "write"
+    kind: str = "add"
+    hook: str = "hook_resid_post"
+    layers: Layers = "all"
+    vector: Union[list[Number], VectorFile]
+    scale: float = 1.0
+    value: float | None = None
+    cond: Cond | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in KNOWN_WRITE_KINDS:
+            raise ValueError(f"unknown write kind {v!r}; known: {', '.join(KNOWN_WRITE_KINDS)}")
+        if v not in SUPPORTED_WRITE_KINDS:
+            raise ValueError(f"write kind {v!r} is not yet supported (supported: {', '.join(SUPPORTED_WRITE_KINDS)})")
+        return v
+
+    @field_validator("hook")
+    @classmethod
+    def _hook(cls, v: str) -> str:
+        h = _hook_name(v)
+        if h not in SUPPORTED_HOOKS:
+            raise ValueError(f"hook {h!r} is not yet supported for writes (supported: {', '.join(SUPPORTED_HOOKS)})")
+        return h
+
+    @field_validator("vector", mode="before")
+    @classmethod
+    def _vector(cls, v):
+        if isinstance(v, (list, tuple)):
+            if len(v) == 0:
+                raise ValueError("empty")
+            vals = []
+            for x in v:
+                if isinstance(x, float) and x == -math.inf:
+                    vals.append(x)  # allowed for router_bias (masks an expert); checked below
+                else:
+                    vals.append(_finite_number(x) if not isinstance(x, float) else x)
+            if any(math.isnan(x) or x == math.inf for x in vals):
+                raise ValueError("contains NaN or inf")
+            return vals
+        return v
+
+    @model_validator(mode="after")
+    def _router_rules(self):
+        if (self.kind == "router_bias") != (self.hook == ROUTER_HOOK):
+            raise ValueError(f"kind: 'router_bias' writes go to {ROUTER_HOOK!r} and only there "
+                             f"(got kind {self.kind!r} at {self.hook!r})")
+        if isinstance(self.vector, list) and any(math.isinf(x) for x in self.vector):
+            if self.kind != "router_bias":
+                raise ValueError("vector: contains -inf (allowed only in router_bias masks)")
+            if all(math.isinf(x) for x in self.vector):
+                raise ValueError("vector: masks every expert (-inf everywhere): the router would produce NaN")
+            if self.scale < 0:
+                raise ValueError(f"scale: must be >= 0 for a router_bias with -inf masks (got {self.scale}); "
+                                 "a negative scale turns the mask into +inf (NaN in the router)")
+        return self
+
+    @field_validator("scale", mode="before")
+    @classmethod
+    def _scale(cls, v) -> float:
+        return _finite_number(v)
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _value(cls, v):
+        return None if v is None else _finite_number(v)
+
+    @model_validator(mode="after")
+    def _value_only_for_clamp(self):
+        if self.value is not None and self.kind != "clamp":
+            raise ValueError(f"value: only a 'clamp' write takes a value (this write is {self.kind!r})")
+        if self.value is None and self.kind == "clamp":
+            raise ValueError("value: a 'clamp' write needs the target projection value (use 'ablate' for 0)")
+        return self
+
+    @model_validator(mode="after")
+    def _cond_kind(self):
+        if self.cond is not None and self.kind == "router_bias":
+            raise ValueError("cond: conditional router_bias writes are not supported yet")
+        return self
+
+
+class ReadOp(BaseModel):
+    """One read: ``kind`` evaluated at ``blocks.{L}.{hook}`` for every ``L`` in ``layers``, on
+    every token a request with the app on processes; the values come back with the request's
+    output (``RequestOutput.mi_results[app][name]``, see docs/hooks.md for the alignment).
+
+    Fields:
+        kind: ``"linear_probe"``: ``score[t] = w . x[t] + bias`` (float32; ``sigmoid=True``
+            returns ``1 / (1 + exp(-score))``), a logistic-regression / linear probe (Alain &
+            Bengio 2016); ``"capture"``: the activation ``x[t]`` itself, float32 ``[d_model]``
+            (``[n_experts]`` at ``mlp.hook_router_logits``).
+        name: key of the result (default ``"probe"`` / ``"capture"``); unique within the app.
+        hook, layers: as for :class:`WriteOp`. ``x`` is the hook's whole value after the writes
+            at the same hook (``hidden + residual`` for the ``hook_resid_*`` hooks).
+        weight: the probe direction ``[d_model]`` (``[n_experts]`` at the router hook), floats
+            or a ``VectorFile``; probes only.
+            ``"cosine"``: ``w . x / (|w| |x|)``, the cosine similarity with a condition vector
+            (CAST's condition score), float32.
+        bias: probe intercept (float); probes only.
+        sigmoid: probes only.
+        buffer: makes this a *condition read*: its values feed the ``cond(buffer=...)`` of the
+            app's writes at later layers instead of coming back to the user (one layer only;
+            ``linear_probe`` or ``cosine``).
+        scope: of a buffer: ``"token"`` (per position) or ``"request"`` (mean over the prompt).
+        positions: captures only: ``"all"`` (every processed position), ``"generated"`` (the
+            positions whose next-token prediction was a generated token) or ``"last"`` (the last
+            prompt token). Probes always return every processed position.
+        cond: reserved for conditional ops (not yet supported: rejected).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    primitive: Literal["read"] = "read"
+    kind: Literal["linear_probe", "capture", "cosine"]
+    name: str | None = None
+    buffer: str | None = None
+    scope: Literal["token", "request"] = "token"
+    hook: str = "hook_resid_post"
+    layers: Layers = "all"
+    weight: Union[list[Number], VectorFile, None] = None
+    bias: float = 0.0
+    sigmoid: StrictBool = False
+    positions: Literal["all", "generated", "last"] = "all"
+    cond: dict[str, Any] | None = None
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _kind(cls, v):
+        if v not in KNOWN_READ_KINDS:
+            raise ValueError(f"unknown read kind {v!r}; known: {', '.join(KNOWN_READ_KINDS)}")
+        return v
+
+    @field_validator("hook")
+    @classmethod
+    def _hook(cls, v: str) -> str:
+        return _hook_name(v)
+
+    @field_validator("weight", mode="before")
+    @classmethod
+    def _weight(cls, v):
+        if isinstance(v, (list, tuple)):
+            if len(v) == 0:
+                raise ValueError("empty")
+            return [_finite_number(x) for x in v]
+        return v
+
+    @field_validator("bias", mode="before")
+    @classmethod
+    def _bias(cls, v) -> float:
+        return _finite_number(v)
+
+    @field_validator("positions", mode="before")
+    @classmethod
+    def _positions(cls, v):
+        if v not in CAPTURE_POSITIONS:
+            raise ValueError(f"unknown positions {v!r}; known: {', '.join(CAPTURE_POSITIONS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _per_kind(self):
+        if self.kind in ("linear_probe", "cosine"):
+            if self.weight is None:
+                raise ValueError(f"weight: a {self.kind!r} read needs a weight vector")
+            if self.positions != "all":
+                raise ValueError("positions: probes return every processed position (only captures take positions)")
+            if self.kind == "cosine" and (self.bias != 0.0 or self.sigmoid):
+                raise ValueError("bias/sigmoid: only a 'linear_probe' read takes them")
+        else:
+            if self.weight is not None or self.bias != 0.0 or self.sigmoid:
+                raise ValueError("weight/bias/sigmoid: only a 'linear_probe' read takes them (this read is a capture)")
+        if self.buffer is not None:
+            if self.kind == "capture":
+                raise ValueError("buffer: a condition read is a 'linear_probe' or 'cosine', not a capture")
+            if not _NAME_RE.match(self.buffer):
+                raise ValueError(f"buffer: {self.buffer!r} must match {_NAME_RE.pattern}")
+            if not (isinstance(self.layers, list) and len(self.layers) == 1):
+                raise ValueError(f"layers: a condition read (buffer {self.buffer!r}) reads exactly one layer")
+        elif self.scope != "token":
+            raise ValueError("scope: only a condition read (with buffer=) takes a scope")
+        if self.name is None:
+            self.name = {"linear_probe": "probe", "capture": "capture", "cosine": "cosine"}[self.kind]
+            if self.buffer is not None:
+                self.name = self.buffer
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"name: {self.name!r} must match {_NAME_RE.pattern}")
+        return self
+
+    @field_validator("cond")
+    @classmethod
+    def _cond(cls, v):
+        if v is not None:
+            raise ValueError("conditional reads are not yet supported")
+        return v
+
+
+def _op_tag(v) -> str:
+    if isinstance(v, dict):
+        return v.get("primitive", "write")
+    return getattr(v, "primitive", "write")
+
+
+Op = Annotated[Union[Annotated[WriteOp, Tag("write")], Annotated[ReadOp, Tag("read")]], Discriminator(_op_tag)]
+
+
+class AppSpec(BaseModel):
+    """A deployable MI app: a name and its ops. Identity is :meth:`content_hash`."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    ops: list[Op] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"{v!r} must match {_NAME_RE.pattern}")
+        return v
+
+    @field_validator("ops")
+    @classmethod
+    def _read_names(cls, v):
+        names = [op.name for op in v if op.primitive == "read"]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"read names {dup} used twice in one app; give each read a distinct name=")
+        return v
+
+    @field_validator("ops")
+    @classmethod
+    def _buffers(cls, v):
+        bufs = [op.buffer for op in v if op.primitive == "read" and op.buffer is not None]
+        dup = sorted({b for b in bufs if bufs.count(b) > 1})
+        if dup:
+            raise ValueError(f"buffer names {dup} defined twice in one app")
+        for i, op in enumerate(v):
+            if op.primitive == "write" and op.cond is not None and op.cond.buffer is not None:
+                if op.cond.buffer not in bufs:
+                    raise ValueError(f"{i}.cond.buffer: no read of this app writes buffer {op.cond.buffer!r} "
+                                     f"(defined: {bufs or 'none'}; use read(..., buffer=...))")
+        return v
+
+    def buffer_read(self, name: str) -> "ReadOp":
+        return next(op for op in self.ops if op.primitive == "read" and op.buffer == name)
+
+    @property
+    def has_reads(self) -> bool:
+        """Reads whose values come back to the user (condition reads do not)."""
+        return any(op.primitive == "read" and op.buffer is None for op in self.ops)
+
+    def reads_prompt(self) -> bool:
+        """True if the app needs values at prompt positions other than the last one: returned
+        reads of every position, and request-scope conditions (mean over the prompt). Such a
+        request must compute its whole prompt, never take it from the prefix cache."""
+        return any(op.primitive == "read" and (
+            (op.buffer is None and (op.kind == "linear_probe" or op.positions == "all"))
+            or (op.buffer is not None and op.scope == "request")) for op in self.ops)
+
+    def changes_prompt_kv(self) -> bool:
+        """True if a write can apply at a prompt position (then the prompt's KV differs from an
+        app-free request's and must not be shared through the prefix cache)."""
+        return any(op.primitive == "write" and not (op.cond is not None and op.cond.positions == "generated")
+                   for op in self.ops)
+
+    def content_hash(self) -> str:
+        """sha256 (hex, 16 chars) of the canonical JSON: same name, different vector => different app."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class DeploymentConfig(BaseModel):
+    """``additional_config["xmix"]``: the apps compiled into this engine.
+
+    Fields:
+        apps: the deployed apps (unique names).
+        fused_writes: ``"none"`` (default), ``"adds"`` or ``"all"``: which unconditional
+            residual-stream writes a compiled engine applies as torch ops inside its graph
+            instead of through the hook op. A fused write costs no launch of its own, but it is
+            in every CUDA-graph variant, so every request pays for it, apps on or off (H200,
+            Llama-3.1-8B decode step, apps off: ``"adds"`` up to +1.4%, ``"all"`` up to +2.8%,
+            ``"none"`` within 0.5% of vLLM without the plugin; all-layer steering on: ``"adds"``
+            +0.6 to +1.2%, ``"none"`` +1.2 to +2.2%; measured with runtime 0.4, before the
+            per-token coefficient table). ``"adds"``: steering adds at sites without
+            projections (a site with an add and an ablation is not fused); ``"all"``: also
+            directional ablations and clamps at sites whose writes are all unconditional.
+            Conditional writes (SEAL, CAST) are never fused; eager engines
+            (``enforce_eager``) apply every write through the op whatever the setting.
+        runtime: set by the plugin at engine configuration; keys the compile cache.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    apps: list[AppSpec] = Field(default_factory=list)
+    #: see the class docstring (trade-off, measured costs: benchmarks/RESULTS.md, fourth session);
+    #: "adds" suits deployments where most requests steer
+    fused_writes: Literal["adds", "all", "none"] = "none"
+    #: set by the plugin at engine configuration (``"vllm-xmix <version>"``); keys the compile cache
+    runtime: str | None = None
+
+    @field_validator("apps")
+    @classmethod
+    def _unique(cls, v: list[AppSpec]) -> list[AppSpec]:
+        names = [a.name for a in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate app names {dup}")
+        return v
+
+    def app(self, name: str) -> AppSpec:
+        for a in self.apps:
+            if a.name == name:
+                return a
+        raise KeyError(name)
+
+
+class RequestApp(BaseModel):
+    """One app switched on for one request.
+
+    Fields:
+        name: a deployed app's name.
+        scale: coefficient for every op of the app (default: the op's deployed ``scale``);
+            a finite float (``bool`` and strings are rejected).
+        layers: optional subset of the app's deployed layers to apply on this request.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    scale: float | None = None
+    layers: list[int] | None = None
+    #: content hash of the app the caller meant (set when an ``MIApp`` is passed); checked
+    #: against the deployed app of that name when the request is added
+    hash: str | None = None
+
+    @field_validator("scale", mode="before")
+    @classmethod
+    def _scale(cls, v):
+        return None if v is None else _finite_number(v)
+
+    @field_validator("layers", mode="before")
+    @classmethod
+    def _layers(cls, v):
+        return None if v is None else _layer_list(v)

@@ -1,0 +1,151 @@
+"""Requests: parsing a request's app selection (``mi_apps`` / ``extra_args["xmix"]``),
+checking it against the deployment, and the canonical wire form."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pydantic import ValidationError
+
+from .deployment import resolve_layers
+from .errors import XmixSpecError, _fmt_validation_error
+from .model import DeploymentConfig, RequestApp
+
+
+def _coerce_request_list(raw: Any, field: str) -> list[Any]:
+    if isinstance(raw, str):
+        if not raw.strip():
+            raise XmixSpecError(f"{field}: empty; expected a list of apps, e.g. ['happy'] or "
+                                "'[{\"name\": \"happy\", \"scale\": 4}]'")
+        if not raw.lstrip().startswith(("[", "{")):
+            raise XmixSpecError(f"{field}: expected a list of apps (e.g. [{raw!r}]), got str {raw!r}")
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise XmixSpecError(f"{field}: not valid JSON ({e})") from None
+    if isinstance(raw, dict):
+        if "apps" not in raw or set(raw) - {"apps"}:
+            raise XmixSpecError(f"{field}: expected {{'apps': [...]}}, got keys {sorted(raw)}")
+        raw = raw["apps"]
+    if isinstance(raw, (str, dict)) or not isinstance(raw, (list, tuple)):
+        raise XmixSpecError(f"{field}: expected a list of apps, got {type(raw).__name__}")
+    return list(raw)
+
+
+def parse_request_apps(raw: Any, field: str = "mi_apps") -> list[RequestApp]:
+    """Parse a request's app selection without a deployment (structure, types, finiteness).
+
+    Accepts a list whose items are app names or ``{"name", "scale"?, "layers"?}`` dicts (or
+    :class:`RequestApp`), a ``{"apps": [...]}`` dict, or a JSON string of either (the form
+    ``vllm_xargs`` carries over HTTP).
+
+    Raises:
+        XmixSpecError: e.g. ``mi_apps[0].scale: expected a number, got str 'high'``.
+    """
+    items = _coerce_request_list(raw, field)
+    out: list[RequestApp] = []
+    seen: set[str] = set()
+    for i, it in enumerate(items):
+        f = f"{field}[{i}]"
+        if isinstance(it, RequestApp):
+            ra = it
+        elif isinstance(it, str):
+            ra = RequestApp(name=it)
+        elif isinstance(it, dict):
+            try:
+                ra = RequestApp.model_validate(it)
+            except ValidationError as e:
+                raise XmixSpecError(_fmt_validation_error(f, e)) from None
+        elif hasattr(it, "name") and hasattr(it, "to_spec"):  # an MIApp: by name, checked by content
+            try:
+                ra = RequestApp(name=it.name, hash=it.content_hash())
+            except XmixSpecError as e:
+                raise XmixSpecError(f"{f}: {e}") from None
+        else:
+            raise XmixSpecError(f"{f}: expected an app name or {{'name': ..., 'scale': ...}}, got {type(it).__name__}")
+        if ra.name in seen:
+            raise XmixSpecError(f"{f}.name: app {ra.name!r} listed twice")
+        seen.add(ra.name)
+        out.append(ra)
+    return out
+
+
+def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConfig, n_layers: int,
+                                     field: str = "mi_apps", hashes: dict[str, str] | None = None) -> None:
+    """Raises XmixSpecError for unknown app names, layers outside the app's deployed layers, and
+    an app passed as an object whose content differs from the deployed app of that name."""
+    names = [a.name for a in dep.apps]
+    for i, ra in enumerate(apps):
+        try:
+            app = dep.app(ra.name)
+        except KeyError:
+            raise XmixSpecError(
+                f"{field}[{i}].name: unknown app {ra.name!r}; deployed apps: {names or 'none (no additional_config.xmix)'}"
+            ) from None
+        if ra.scale is not None and ra.scale < 0 and any(
+                op.kind == "router_bias" and isinstance(op.vector, list) and any(math.isinf(x) for x in op.vector)
+                for op in app.ops):
+            raise XmixSpecError(
+                f"{field}[{i}].scale: must be >= 0 for app {ra.name!r}, whose router_bias masks experts "
+                f"with -inf (got {ra.scale}); a negative scale turns the mask into +inf/NaN"
+            )
+        if ra.scale not in (None, 0.0) and not any(op.primitive == "write" for op in app.ops):
+            raise XmixSpecError(
+                f"{field}[{i}].scale: app {ra.name!r} has no writes, a scale would change nothing (only 0, "
+                "which switches the app off, is accepted)")
+        if ra.hash is not None:
+            deployed = (hashes or {}).get(ra.name) or app.content_hash()
+            if ra.hash != deployed:
+                raise XmixSpecError(
+                    f"{field}[{i}]: app {ra.name!r} differs from the deployed app of that name "
+                    f"(content hash {ra.hash} != deployed {deployed}); requests select deployed apps"
+                )
+        if ra.layers is not None:
+            allowed = set()
+            for op in app.ops:
+                allowed.update(resolve_layers(op.layers, n_layers, f"{field}[{i}].layers"))
+            bad = [x for x in ra.layers if x not in allowed]
+            if bad:
+                raise XmixSpecError(
+                    f"{field}[{i}].layers: layer {bad[0]} is not a deployed layer of app {ra.name!r} "
+                    f"(deployed: {sorted(allowed)})"
+                )
+            useful = set()  # layers of the app's writes and returned reads (condition reads do nothing alone)
+            for op in app.ops:
+                if op.primitive == "write" or op.buffer is None:
+                    useful.update(resolve_layers(op.layers, n_layers, f"{field}[{i}].layers"))
+            if not useful & set(ra.layers):
+                raise XmixSpecError(
+                    f"{field}[{i}].layers: {ra.layers} selects only condition reads of app {ra.name!r}, so the "
+                    f"app would do nothing; its writes and returned reads are at layers {sorted(useful)}")
+
+
+def check_router_masks(apps: list[RequestApp], dep: DeploymentConfig, n_layers: int,
+                       field: str = "mi_apps") -> None:
+    """Raises XmixSpecError if the router masks of the selected apps together mask every expert
+    at some layer (softmax over all -inf logits is NaN, and NaN would reach the KV cache)."""
+    masked: dict[int, set[int]] = {}
+    n_exp = None
+    for ra in apps:
+        if ra.scale == 0:
+            continue
+        for op in dep.app(ra.name).ops:
+            if op.kind != "router_bias" or not isinstance(op.vector, list):
+                continue
+            n_exp = len(op.vector)
+            idx = {j for j, x in enumerate(op.vector) if math.isinf(x)}
+            layers = resolve_layers(op.layers, n_layers, field)
+            if ra.layers is not None:
+                layers = [L for L in layers if L in set(ra.layers)]
+            for L in layers:
+                masked.setdefault(L, set()).update(idx)
+    for L, idx in sorted(masked.items()):
+        if n_exp is not None and len(idx) >= n_exp:
+            raise XmixSpecError(f"{field}: the selected apps mask every expert at layer {L} (-inf everywhere)")
+
+
+def request_to_wire(apps: list[RequestApp]) -> dict[str, Any]:
+    """The canonical ``extra_args["xmix"]`` payload."""
+    return {"apps": [a.model_dump(exclude_none=True) for a in apps]}
