@@ -1,0 +1,1 @@
+"""Benchmarks of vllm-xmix (not part of the installed package): see benchmarks/README.md."""

@@ -1,0 +1,644 @@
+"""serve: serving A/B with vLLM's own client (`vllm bench serve`): plain vLLM against the
+plugin's server, each app on every request, rounds interleaved, ratios to plain vLLM.
+
+Two servers on the same GPU (each ``--gpu-mem`` 0.42 by default): ``vanilla`` (vLLM without the
+plugin, ``VLLM_PLUGINS=""``) and ``xmix`` (the benchmark deployment, ``common.serving_apps``,
+given through vLLM's ``--config`` YAML as ``additional-config``: vectors in safetensors files,
+since an inline deployment can exceed the OS limit on one argument). Dummy weights; a word-level
+tokenizer over "t0".."t{V-1}" with the model's exact vocabulary, so prompt text is re-encoded by
+the server to exactly the intended tokens. vLLM defaults otherwise: torch.compile,
+FULL_AND_PIECEWISE CUDA graphs, prefix caching, chunked prefill.
+
+Actions (so that short GPU access counts: start the servers once, run rounds in later commands):
+
+* ``start``: builds the serving folder under ``--out``, starts the two servers one after the
+  other in their own sessions (``start_new_session``: they outlive this command), waits until
+  both answer, and records in ``<out>/servers.json`` and latest.json their start-up time (launch
+  to the first answer of ``/health``) and CUDA-graph capture (seconds, GiB, from the logs).
+* ``rounds``: against the running servers: for each ``--rates`` rate, ``--warmup`` discarded
+  rounds, then ``--repeats`` rounds; in each round every configuration once, in order
+  (vanilla, inactive, app1, app2, ...: A B A B across rounds, so drift cancels). A configuration
+  is a server plus the per-request selection (``--extra-body '{"vllm_xargs": {"xmix": [...]}}'``).
+  ``vllm bench serve`` runs in this process, and every run replaces the first token of each
+  prompt with a fresh one, so no run is served from another run's prefix cache. Rounds add to
+  ``<out>/results.json`` (numbered on from the rounds already there; written after every run),
+  then ``summary.md`` (per rate: medians and the ratio to vanilla with a bootstrap 95% CI over
+  rounds), ``overhead.png`` (with matplotlib), latest.json (per configuration the median ratio
+  and its range for mean ITL, P99 ITL, mean TTFT, throughput) and ``sweep/`` (the same experiment
+  as ``vllm bench sweep serve`` parameter files, with what a sweep cannot express).
+  ``--profile CONFIGS`` (servers started with ``--profiler``): afterwards one run of vanilla and
+  of each listed configuration under vLLM's torch profiler; vLLM's per-kernel tables are kept
+  as ``profile_<config>.txt``, each trace's per-step summary (``profile trace``) as
+  ``trace_<config>.json``, and ``trace_<config>_vs_vanilla.md`` sets them side by side; the raw
+  traces stay in ``prof_vanilla/`` and ``prof_xmix/``.
+* ``stop``: stops the two servers (SIGTERM to their process groups, then SIGKILL).
+* ``all``: start, rounds, stop in one process (the servers are stopped on exit and on SIGTERM).
+* ``summarize``: rebuilds summary.md / overhead.png from results.json.
+
+Datasets (``--dataset``): ``sharegpt`` (default): ShareGPT-format conversations whose prompt
+lengths follow LogNormal(mu=5.0, sigma=0.9) tokens clipped to [4, ``--max-prompt-len``] (median
+~150, mean ~220: an approximation of ShareGPT v3 prompt lengths under a Llama-3 tokenizer, no
+download); ``random``: vLLM's random dataset, ``--input-len`` tokens +-``--range-ratio``. Outputs
+are ``--output-len`` tokens (ignore_eos).
+
+Configurations (``--configs`` selects a subset; vanilla always runs; unknown names are an error):
+vanilla, inactive (apps deployed, none on), steer_one, steer_all, ablate_all, probe_one, seal,
+cast, router_mask (MoE models), steer_all_K16 / steer_all_K256 (steer_all with 16 / 256 distinct
+per-request scales in one stream), all_apps (every app but router_mask on every request).
+
+With one round a ratio's interval is the point itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from . import common
+
+HELP = "serving A/B with `vllm bench serve`: plain vLLM vs the plugin, each app on every request"
+K_CONFIGS = (16, 256)
+STATE = "servers.json"
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = sub.add_parser("start", help="start both servers (they keep running after this command)")
+    rounds = sub.add_parser("rounds", help="run rounds against the running servers")
+    stop = sub.add_parser("stop", help="stop the servers of --out")
+    everything = sub.add_parser("all", help="start, rounds, stop in one command")
+    summ = sub.add_parser("summarize", help="rebuild summary.md / overhead.png from results.json")
+    for q in (start, rounds, stop, everything, summ):
+        q.add_argument("--out", required=True, help="the experiment's folder (servers.json, results.json, ...)")
+    for q in (start, everything):
+        _server_options(q)
+    for q in (rounds, everything):
+        _round_options(q)
+    for q in (start, rounds, everything):
+        q.add_argument("--latest", default=str(common.LATEST), help="latest.json to update")
+        q.add_argument("--no-latest", action="store_true", help="do not update latest.json")
+
+
+def _server_options(q) -> None:
+    q.add_argument("--model", required=True, help="model config folder (benchmarks/models/...)")
+    q.add_argument("--gpu-mem", type=float, default=0.42, help="--gpu-memory-utilization of each server")
+    q.add_argument("--max-model-len", type=int, default=4096)
+    q.add_argument("--dtype", default="bfloat16")
+    q.add_argument("--fused-writes", choices=["none", "adds", "all"], default="none",
+                   help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
+    q.add_argument("--server-args", default="", help="extra arguments for both servers (e.g. --enforce-eager)")
+    q.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
+    q.add_argument("--start-timeout", type=float, default=900, help="seconds each server may take to answer")
+    q.add_argument("--profiler", action="store_true",
+                   help="start both servers with vLLM's torch profiler configured (for rounds --profile)")
+    q.add_argument("--profile-steps", default="100,600", metavar="DELAY,MAX",
+                   help="engine steps skipped before the profiler starts, and the most steps it records "
+                        "(vLLM's delay_iterations / max_iterations; 0,0: the whole run)")
+    q.add_argument("--profile-stack", action="store_true",
+                   help="record Python stacks in the profiles (larger traces; `profile compare` then lists "
+                        "the Python functions whose host time per step grew)")
+
+
+def _round_options(q) -> None:
+    q.add_argument("--rates", default="8,32,inf", help="comma-separated request rates (inf: saturation)")
+    q.add_argument("--repeats", type=int, default=3, help="measured rounds (0: warm-up rounds only)")
+    q.add_argument("--warmup", type=int, default=1, help="discarded rounds before them")
+    q.add_argument("--num-prompts", type=int, default=250)
+    q.add_argument("--output-len", type=int, default=128)
+    q.add_argument("--dataset", choices=["sharegpt", "random"], default="sharegpt")
+    q.add_argument("--max-prompt-len", type=int, default=1024, help="sharegpt: longest prompt")
+    q.add_argument("--input-len", type=int, default=256, help="random: mean prompt length")
+    q.add_argument("--range-ratio", type=float, default=0.9, help="random: prompt lengths input-len * (1 +- this)")
+    q.add_argument("--configs", default="", help="comma-separated subset (vanilla always runs)")
+    q.add_argument("--wait", type=float, default=900, help="seconds to wait for the servers to answer")
+    q.add_argument("--profile", default="", metavar="CONFIGS",
+                   help="after the rounds, one run of vanilla and of each of these configurations (comma-separated; "
+                        "at the first rate, at most 100 prompts) under vLLM's torch profiler (servers started with "
+                        "--profiler): <out>/profile_<config>.txt, trace_<config>.json, trace_<config>_vs_vanilla.md")
+
+
+def main(args) -> int:
+    if args.action == "summarize":
+        runs = common.read_json(os.path.join(args.out, "results.json"), []) or []
+        if not runs:
+            args._parser.error(f"no runs in {args.out}/results.json (missing, or only warm-up rounds were run)")
+        print(summarize(runs, args.out))
+        return 0
+    if args.action == "stop":
+        stop(args.out)
+        return 0
+    if args.action == "start":
+        start(args)
+        return 0
+    if args.action == "rounds":
+        return rounds(args)
+    # all: the servers run in their own sessions and would outlive a SIGTERM (e.g. `timeout`)
+    # of this process; the handler ends it through the finally below, which stops them
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        start(args, profiler=args.profiler or bool(args.profile))
+        return rounds(args)
+    finally:
+        stop(args.out)
+
+
+# ------------------------------------------------------------------------------ set-up
+
+
+def build_serving_dir(model_dir: str, out_dir: str) -> str:
+    """Config + a word-level tokenizer with exactly the model's vocabulary size."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    cfg = common.load_config(model_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    shutil.copy(os.path.join(model_dir, "config.json"), out_dir)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg["vocab_size"])}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # no special tokens: every id decodes to visible text, so streamed chunks (and ITL) never
+    # vanish when dummy weights make the model emit the BOS/EOS ids (ignore_eos is on)
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0").save_pretrained(out_dir)
+    return out_dir
+
+
+def build_sharegpt(path: str, n: int, vocab: int, seed: int = 0, output_len: int = 128, max_len: int = 1024) -> None:
+    """ShareGPT-format conversations; prompt lengths LogNormal(5.0, 0.9) clipped to [4, max_len]
+    (vLLM's ShareGPT loader drops prompts over 1024 tokens)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lens = np.clip(np.round(rng.lognormal(5.0, 0.9, n)), 4, max_len).astype(int)
+    convs = []
+    for i, L in enumerate(lens):
+        ids = rng.integers(10, vocab - 10, int(L))
+        out_ids = rng.integers(10, vocab - 10, output_len)
+        convs.append({"id": f"synth-{i}", "conversations": [
+            {"from": "human", "value": " ".join(f"t{x}" for x in ids)},
+            {"from": "gpt", "value": " ".join(f"t{x}" for x in out_ids)}]})
+    common.write_json(path, convs, indent=None)
+
+
+def configs_for(app_names: list[str]) -> dict[str, tuple[str, object]]:
+    """name -> (server, the requests' vllm_xargs["xmix"], "K<k>" for k distinct configs, or None)."""
+    out = {"vanilla": ("vanilla", None), "inactive": ("xmix", None)}
+    for n in app_names:
+        out[n] = ("xmix", [n])
+    for k in K_CONFIGS:  # steer_all with k different per-request scales; k=1 is "steer_all"
+        out[f"steer_all_K{k}"] = ("xmix", f"K{k}")
+    out["all_apps"] = ("xmix", [n for n in app_names if n != "router_mask"])
+    return out
+
+
+def k_selections(k: int) -> list[dict]:
+    return [{"xmix": json.dumps([{"name": "steer_all", "scale": round(0.25 + 0.5 * i / k, 6)}])} for i in range(k)]
+
+
+def write_sweep_files(out: str, st: dict, dataset_args: list[str], configs: dict, rates: list[str],
+                      num_prompts: int) -> None:
+    """The same experiment as ``vllm bench sweep serve`` parameter files (``serve_params.json``,
+    ``bench_params.json``, ``bench_params_vanilla.json``, ``commands.sh``): one xmix server (the
+    deployment's ``--config``), one bench entry per configuration and rate (its ``extra_body``).
+    What a sweep cannot express is left out and said so in commands.sh: vanilla needs
+    ``VLLM_PLUGINS=`` in the server's environment (a second sweep with the vanilla entries only),
+    the K-distinct configurations carry per-request selections, and a sweep runs configurations
+    one after the other per server, not interleaved (A B A B) across the two servers."""
+    os.makedirs(out, exist_ok=True)
+    bench, vanilla = {}, {}
+    for rate in rates:
+        for name, (srv, xmix) in configs.items():
+            if isinstance(xmix, str):
+                continue  # K distinct configs: per-request selections
+            e = {"request_rate": rate}
+            if xmix is not None:
+                e["extra_body"] = json.dumps({"vllm_xargs": {"xmix": xmix}})
+            (vanilla if srv == "vanilla" else bench)[f"{name}_r{rate}"] = e
+    common.write_json(os.path.join(out, "serve_params.json"), {"xmix": {"config": st["xmix_config"]}})
+    common.write_json(os.path.join(out, "bench_params.json"), bench)
+    common.write_json(os.path.join(out, "bench_params_vanilla.json"), vanilla)
+    serve = " ".join(["vllm serve", st["serving_dir"], "--load-format dummy"] + st["server_args"])
+    bcmd = " ".join(["vllm bench serve --backend vllm", "--model", st["serving_dir"], "--tokenizer", st["serving_dir"]]
+                    + dataset_args + ["--num-prompts", str(num_prompts), "--ignore-eos"])
+    with open(os.path.join(out, "commands.sh"), "w") as f:
+        f.write(
+            "# vllm bench sweep serve: the xmix configurations (one server, configurations in sequence,\n"
+            "# the prefix cache reset between runs), then vanilla (plugin not loaded) with its own sweep.\n"
+            "# Not expressible as sweep parameters: the K-distinct configurations (per-request\n"
+            "# selections), and the interleaving of vanilla and xmix runs (A B A B) of `serve rounds`.\n"
+            f"vllm bench sweep serve --serve-cmd '{serve}' --bench-cmd '{bcmd}' \\\n"
+            f"    --serve-params {out}/serve_params.json --bench-params {out}/bench_params.json "
+            f"-o {out}/results -e xmix\n"
+            f"VLLM_PLUGINS= vllm bench sweep serve --serve-cmd '{serve}' --bench-cmd '{bcmd}' \\\n"
+            f"    --bench-params {out}/bench_params_vanilla.json -o {out}/results -e vanilla\n")
+
+
+# ------------------------------------------------------------------------------ servers
+
+
+class Server:
+    """One ``vllm serve`` in its own session (process group = its pid)."""
+
+    def __init__(self, name: str, port: int, log: str, pid: int):
+        self.name, self.port, self.log, self.pid = name, port, log, pid
+        self.proc: subprocess.Popen | None = None
+
+    @classmethod
+    def launch(cls, name: str, serving_dir: str, port: int, log: str, args: list[str], env: dict) -> "Server":
+        cmd = common.TOOL + ["vllm", "serve", serving_dir, "--port", str(port), "--host", "127.0.0.1",
+                             "--load-format", "dummy"] + args
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=common.REPO,
+                                    start_new_session=True)
+        s = cls(name, port, log, proc.pid)
+        s.proc = proc
+        return s
+
+    @classmethod
+    def from_record(cls, r: dict) -> "Server":
+        return cls(r["name"], r["port"], r["log"], r["pid"])
+
+    def record(self) -> dict:
+        return {"name": self.name, "port": self.port, "log": self.log, "pid": self.pid}
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        try:  # started by an earlier command: ours if its command line is this tool's server
+            with open(f"/proc/{self.pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            return False
+        return b"benchmarks.xmix_bench" in cmd and b"serve" in cmd
+
+    def healthy(self) -> bool:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2)
+            return True
+        except Exception:
+            return False
+
+    def wait(self, timeout: float = 900) -> float:
+        """Seconds until the server answers (raises if it exits or takes longer)."""
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.healthy():
+                return time.time() - t0
+            if not self.alive():
+                raise RuntimeError(f"{self.name} server is not running; see {self.log}")
+            time.sleep(2)
+        raise RuntimeError(f"{self.name} server did not answer in {timeout:.0f}s; see {self.log}")
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        try:
+            os.killpg(self.pid, signal.SIGTERM)
+            for _ in range(60):
+                if self.proc is not None:
+                    self.proc.poll()
+                if not self.alive():
+                    return
+                time.sleep(1)
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+GRAPH_LINE = re.compile(r"Graph capturing finished in (\d+(?:\.\d+)?) secs, took (\d+(?:\.\d+)?) GiB")
+
+
+def graph_capture(log: str) -> dict:
+    """Seconds and GiB of the CUDA-graph capture, from a server log (None without graphs)."""
+    try:
+        with open(log, errors="replace") as f:
+            m = [GRAPH_LINE.search(line) for line in f]
+    except OSError:
+        return {}
+    m = [x for x in m if x]
+    return {"graph_s": float(m[-1].group(1)), "graph_gib": float(m[-1].group(2))} if m else {}
+
+
+def start(args, profiler: bool | None = None) -> dict:
+    """Start both servers, one after the other (each start-up measures its own memory)."""
+    from vllm_xmix import deploy
+
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    old = common.read_json(os.path.join(out, STATE))
+    if old and any(Server.from_record(r).alive() for r in old["servers"].values()):
+        raise SystemExit(f"{out}: servers of an earlier start are still running (serve stop --out {args.out})")
+    cfg = common.load_config(args.model)
+    serving = build_serving_dir(args.model, os.path.join(out, "model"))
+    apps = common.serving_apps(cfg, os.path.join(out, "vectors"))
+    # the deployment goes in through vLLM's --config YAML (JSON is YAML): a token set of 25k ids
+    # would make an --additional-config argument longer than the OS allows (128 KiB)
+    xmix_cfg = os.path.join(out, "xmix_config.yaml")
+    common.write_json(xmix_cfg, {"additional-config": deploy(*apps, fused_writes=args.fused_writes)}, indent=None)
+    server_args = ["--gpu-memory-utilization", str(args.gpu_mem), "--max-model-len", str(args.max_model_len),
+                   "--dtype", args.dtype] + args.server_args.split()
+    profiler = args.profiler if profiler is None else profiler
+    prof_args = {}
+    if profiler:
+        delay, most = (int(x) for x in args.profile_steps.split(","))
+        for srv in ("vanilla", "xmix"):
+            prof_args[srv] = ["--profiler-config", json.dumps({
+                "profiler": "torch", "torch_profiler_dir": os.path.join(out, f"prof_{srv}"),
+                "torch_profiler_with_stack": args.profile_stack, "torch_profiler_use_gzip": True,
+                "ignore_frontend": True, "delay_iterations": delay, "max_iterations": most})]
+    st = {"model": os.path.abspath(args.model), "model_name": common.model_name(args.model),
+          "vocab_size": cfg["vocab_size"], "serving_dir": serving, "xmix_config": xmix_cfg,
+          "apps": [a.name for a in apps], "fused_writes": args.fused_writes, "server_args": server_args,
+          "profiler": profiler, "commit": common.git_commit(), "date": common.today(),
+          "command": common.command_line(), "servers": {}}
+    plans = (("vanilla", args.port, server_args + prof_args.get("vanilla", []), dict(os.environ, VLLM_PLUGINS="")),
+             ("xmix", args.port + 1, server_args + ["--config", xmix_cfg] + prof_args.get("xmix", []),
+              dict(os.environ)))
+    for name, port, sargs, env in plans:
+        s = Server.launch(name, serving, port, os.path.join(out, f"{name}.log"), sargs, env)
+        st["servers"][name] = s.record()
+        common.write_json(os.path.join(out, STATE), st)  # a cut start-up still knows what to stop
+        st["servers"][name].update(startup_s=round(s.wait(args.start_timeout), 1), **graph_capture(s.log))
+        common.write_json(os.path.join(out, STATE), st)
+        print(f"{name} server up: {st['servers'][name]}", flush=True)
+    if not args.no_latest:
+        _latest_startup(args.latest, st)
+    return st
+
+
+def stop(out: str) -> None:
+    st = common.read_json(os.path.join(out, STATE))
+    for r in (st or {}).get("servers", {}).values():
+        Server.from_record(r).stop()
+    if st:
+        print(f"servers of {out} stopped", flush=True)
+
+
+# ------------------------------------------------------------------------------ rounds
+
+
+def _dataset(args, st: dict) -> tuple[list[str], str]:
+    """vllm bench serve's dataset arguments and the workload's title."""
+    if args.dataset == "random":
+        lo, hi = int(args.input_len * (1 - args.range_ratio)), int(args.input_len * (1 + args.range_ratio))
+        return (["--dataset-name", "random", "--random-input-len", str(args.input_len), "--random-output-len",
+                 str(args.output_len), "--random-range-ratio", str(args.range_ratio)],
+                f"{os.path.basename(st['model'])}, random dataset {args.input_len} input tokens "
+                f"+-{args.range_ratio:.0%} ({lo}-{hi}), {args.num_prompts} prompts, {args.output_len} output tokens")
+    path = os.path.join(os.path.abspath(args.out), f"sharegpt_{args.num_prompts}_{args.output_len}_{args.max_prompt_len}.json")
+    if not os.path.exists(path):
+        build_sharegpt(path, args.num_prompts, st["vocab_size"], output_len=args.output_len, max_len=args.max_prompt_len)
+    title = f"{os.path.basename(st['model'])}, {args.num_prompts} prompts, {args.output_len} output tokens"
+    if args.max_prompt_len != 1024:
+        title += f", prompts <= {args.max_prompt_len} tokens"
+    return ["--dataset-name", "sharegpt", "--dataset-path", path, "--sharegpt-output-len", str(args.output_len)], title
+
+
+def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, sel, result: str, seed: int,
+          run_mark: int, profile: bool = False) -> dict:
+    """One ``vllm bench serve`` run (vLLM's client and metrics, in this process)."""
+    argv = ["--backend", "vllm", "--base-url", f"http://127.0.0.1:{server.port}", "--model", st["serving_dir"],
+            "--tokenizer", st["serving_dir"]] + dataset_args + [
+            "--num-prompts", str(n), "--ignore-eos", "--request-rate", rate, "--seed", str(seed),
+            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--save-result",
+            "--result-dir", os.path.dirname(result), "--result-filename", os.path.basename(result),
+            "--disable-tqdm"] + (["--profile"] if profile else [])
+    if isinstance(sel, list):
+        argv += ["--extra-body", json.dumps({"vllm_xargs": {"xmix": sel}})]
+    common.XARGS_CYCLE = k_selections(int(sel[1:])) if isinstance(sel, str) else None
+    common.RUN_MARK = f"t{run_mark}"  # a fresh first token: no prefix-cache hits across runs
+    try:
+        res = common.bench_serve(argv)
+    finally:
+        common.XARGS_CYCLE = None
+    if res.get("completed", n) != n:
+        raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
+    return res
+
+
+def rounds(args) -> int:
+    out = os.path.abspath(args.out)
+    st = common.read_json(os.path.join(out, STATE))
+    if not st:
+        raise SystemExit(f"{out}/{STATE}: no servers started here (serve start --out {args.out} ...)")
+    servers = {n: Server.from_record(r) for n, r in st["servers"].items()}
+    for s in servers.values():
+        s.wait(args.wait)
+    configs = configs_for(st["apps"])
+    profiled = [c for c in args.profile.split(",") if c]
+    unknown = sorted({*args.configs.split(","), *profiled} - set(configs) - {""})
+    if unknown:
+        args._parser.error(f"--configs/--profile: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
+    if profiled and not st.get("profiler"):
+        args._parser.error("--profile: the servers were started without --profiler")
+    if args.configs:
+        keep = {"vanilla", *args.configs.split(",")}
+        configs = {k: v for k, v in configs.items() if k in keep}
+    dataset_args, title = _dataset(args, st)
+    rates = args.rates.split(",")
+    write_sweep_files(os.path.join(out, "sweep"), st, dataset_args, configs, rates, args.num_prompts)
+    res_path = os.path.join(out, "results.json")
+    runs: list[dict] = common.read_json(res_path, []) or []
+    commit, date, command = common.git_commit(), common.today(), common.command_line()
+    mark = 0
+
+    def next_mark() -> int:
+        nonlocal mark
+        mark += 1
+        return (mark * 7919 + os.getpid()) % (st["vocab_size"] - 20) + 10
+
+    for rate in rates:
+        first = 1 + max((r["round"] for r in runs if r["rate"] == rate and r.get("title", title) == title), default=0)
+        plan = [(0, False)] * args.warmup + [(first + i, True) for i in range(args.repeats)]
+        for rnd, measured in plan:  # warm-up rounds use seed 0 and are discarded
+            for name, (srv, sel) in configs.items():
+                f = os.path.join(out, "runs", f"{name}_r{rate}_{rnd if measured else 'warmup'}.json")
+                os.makedirs(os.path.dirname(f), exist_ok=True)
+                res = bench(servers[srv], st, dataset_args, rate, args.num_prompts, sel, f, seed=rnd,
+                            run_mark=next_mark())
+                print(f"rate {rate} round {rnd if measured else 'warm-up'} {name}: itl {res['mean_itl_ms']:.3f} ms  "
+                      f"tput {res['total_token_throughput']:.0f} tok/s", flush=True)
+                if measured:
+                    runs.append({"rate": rate, "round": rnd, "config": name, "title": title, "commit": commit,
+                                 "date": date, "result": {k: res[k] for k, _, _ in common.SERVE_METRICS}})
+                    common.write_json(res_path, runs)  # after every run: a cut command keeps its runs
+    if profiled:  # where the time goes: vanilla vs each profiled configuration, same rate and prompts
+        rate = rates[0]
+        for name in ["vanilla"] + profiled:
+            profile_run(out, servers, st, configs_for(st["apps"])[name], name, dataset_args, rate,
+                        min(args.num_prompts, 100), next_mark())
+        from . import profile as trace_tools
+
+        for name in profiled:
+            a, b = (os.path.join(out, f"trace_{n}.json") for n in ("vanilla", name))
+            if os.path.exists(a) and os.path.exists(b):
+                md = trace_tools.compare(common.read_json(a), common.read_json(b), "vanilla", name)
+                with open(os.path.join(out, f"trace_{name}_vs_vanilla.md"), "w") as fh:
+                    fh.write(md + "\n")
+                print(f"## {name} vs vanilla (engine steps of the profiled run)\n{md}", flush=True)
+    if not runs:
+        print("no measured rounds (--repeats 0: warm-up only); results.json is empty", flush=True)
+        return 0
+    print(summarize(runs, out))
+    if not args.no_latest:
+        print(to_latest(args.latest, runs, st["model_name"], rates=rates, configs=list(configs),
+                        setup=st.get("command", ""), command=command, fused_writes=st.get("fused_writes")))
+    return 0
+
+
+def profile_run(out: str, servers: dict, st: dict, config, name: str, dataset_args, rate: str, n: int,
+                run_mark: int) -> None:
+    """One ``vllm bench serve --profile`` run of configuration ``name``; keeps vLLM's per-kernel
+    table as ``<out>/profile_<name>.txt`` and the trace's per-step summary as ``trace_<name>.json``."""
+    import glob
+
+    from . import profile as trace_tools
+
+    srv, sel = config
+    pdir = os.path.join(out, f"prof_{srv}")
+    before = set(glob.glob(os.path.join(pdir, "*.pt.trace.json*")))
+    bench(servers[srv], st, dataset_args, rate, n, sel, os.path.join(out, "runs", f"profile_{name}.json"), seed=99,
+          run_mark=run_mark, profile=True)
+    table = os.path.join(pdir, "profiler_out_0.txt")
+    for _ in range(90):  # the worker writes the trace, then the table, when the profiler stops
+        if os.path.exists(table):
+            break
+        time.sleep(2)
+    kept = os.path.join(out, f"profile_{name}.txt")
+    if os.path.exists(table):
+        shutil.copy(table, kept)
+        os.remove(table)
+    new = sorted(set(glob.glob(os.path.join(pdir, "*.pt.trace.json*"))) - before, key=os.path.getmtime)
+    summary = os.path.join(out, f"trace_{name}.json")
+    if new:
+        try:
+            common.write_json(summary, trace_tools.summarize(new[-1]))
+        except ValueError as e:
+            print(f"profile {name}: {e}", flush=True)
+    print(f"profile {name}: table {'kept' if os.path.exists(kept) else 'missing'}, "
+          f"trace {'summarized' if os.path.exists(summary) else 'missing'}", flush=True)
+
+
+# ------------------------------------------------------------------------------ results
+
+
+def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setup: str = "", command: str = "",
+              fused_writes: str | None = None, commit: str | None = None, date: str | None = None,
+              source: str = "") -> str:
+    """Per (rate, workload) and configuration: each metric's median ratio to vanilla and its
+    range over rounds, into latest.json (``serve[config]["rate=R"]``)."""
+    done = []
+    for (rate, title), by_config in common.serve_groups(runs).items():
+        if rates is not None and rate not in rates:
+            continue
+        for cfg, stats in common.serve_ratios(by_config).items():
+            if configs is not None and cfg not in configs:
+                continue
+            rounds_ = [by_config[cfg][i] for i in sorted(by_config[cfg])]
+            workload = f"{title}, rate {rate}, {stats.pop('rounds')} interleaved rounds"
+            if fused_writes:
+                workload += f", fused_writes={fused_writes}"
+            entry = {**stats, "commit": commit or rounds_[-1].get("commit") or "unknown",
+                     "date": date or rounds_[-1].get("date") or "unknown", "workload": workload,
+                     "command": command}
+            if setup:
+                entry["setup"] = setup
+            if source:
+                entry["source"] = source
+            common.update_latest(path, model, ("serve", cfg, f"rate={rate}"), entry)
+            done.append(f"{cfg}@{rate}")
+    return f"latest.json ({path}): {model} serving {', '.join(done) or 'nothing (no paired vanilla rounds)'}"
+
+
+def _latest_startup(path, st: dict) -> None:
+    v, x = st["servers"]["vanilla"], st["servers"]["xmix"]
+    base = {"commit": st["commit"], "date": st["date"], "command": st["command"],
+            "workload": f"server start-up, one server at a time, {len(st['apps'])} apps deployed "
+                        f"({', '.join(st['apps'])}), fused_writes={st['fused_writes']}, "
+                        f"{' '.join(st['server_args'])}"}
+    common.update_latest(path, st["model_name"], ("startup",),
+                         {"plain_s": v["startup_s"], "xmix_s": x["startup_s"],
+                          "ratio": round(x["startup_s"] / v["startup_s"], 4), **base})
+    if "graph_gib" in v and "graph_gib" in x:
+        common.update_latest(path, st["model_name"], ("graph_memory",),
+                             {"plain_gib": v["graph_gib"], "xmix_gib": x["graph_gib"], "plain_s": v["graph_s"],
+                              "xmix_s": x["graph_s"], **base})
+
+
+def summarize(runs: list[dict], out_dir: str) -> str:
+    """summary.md (per workload and rate: metric medians and ratios to vanilla with a bootstrap
+    95% CI over rounds, paired by round) and overhead.png."""
+    import numpy as np
+
+    groups = common.serve_groups(runs)
+    titles = list(dict.fromkeys(t for _, t in groups))
+    lines, plot = [], {}
+    for title in titles:
+        lines += [f"# {title}", ""]
+        rates = sorted({r for r, t in groups if t == title}, key=lambda x: float("inf") if x == "inf" else float(x))
+        for rate in rates:
+            by_config = groups[(rate, title)]
+            base = by_config.get("vanilla", {})
+            lines += [f"## request rate {rate}", "",
+                      "| config | " + " | ".join(f"{m[1]} (median)" for m in common.SERVE_METRICS) + " | "
+                      + " | ".join(f"{m[1]} ratio [95% CI]" for m in common.SERVE_METRICS) + " |",
+                      "|---" * (1 + 2 * len(common.SERVE_METRICS)) + "|"]
+            for c, cur in by_config.items():
+                meds = [f"{np.median([r['result'][k] for r in cur.values()]):.2f}" for k, _, _ in common.SERVE_METRICS]
+                pairs = sorted(set(cur) & set(base))  # only rounds with both runs (a cut sweep keeps the rest)
+                ratios = []
+                for key, label, _ in common.SERVE_METRICS:
+                    if c == "vanilla" or not pairs:
+                        ratios.append("-")
+                        continue
+                    med, lo, hi = common.ratio_ci([cur[i]["result"][key] for i in pairs],
+                                                  [base[i]["result"][key] for i in pairs])
+                    ratios.append(f"{(med - 1) * 100:+.2f}% [{(lo - 1) * 100:+.2f}, {(hi - 1) * 100:+.2f}]")
+                    plot.setdefault(f"{title}: rate {rate}", {}).setdefault(c, {})[label] = (med, lo, hi)
+                lines.append(f"| {c} | " + " | ".join(meds) + " | " + " | ".join(ratios) + " |")
+            lines.append("")
+    text = "\n".join(lines)
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(text)
+    try:
+        if plot:  # (no ratio without a paired vanilla run)
+            _plot(plot, os.path.join(out_dir, "overhead.png"), titles[0] if len(titles) == 1 else "")
+    except Exception as e:  # the numbers matter more than the picture
+        print("plot not written:", e, file=sys.stderr)
+    return text
+
+
+def _plot(plot: dict, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    panels = list(plot)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    labels = [m[1] for m in common.SERVE_METRICS]
+    width = 0.8 / len(labels)
+    for ax, panel in zip(axes[0], panels):
+        configs = list(plot[panel])
+        for j, lab in enumerate(labels):
+            vals = [(plot[panel][c][lab][0] - 1) * 100 for c in configs]
+            err = [[(plot[panel][c][lab][0] - plot[panel][c][lab][1]) * 100 for c in configs],
+                   [(plot[panel][c][lab][2] - plot[panel][c][lab][0]) * 100 for c in configs]]
+            ax.bar(np.arange(len(configs)) + j * width, vals, width, yerr=err, label=lab, capsize=2)
+        ax.axhline(0, color="k", lw=0.8)
+        for y in (-1, 1):
+            ax.axhline(y, color="r", lw=0.6, ls="--")
+        ax.set_xticks(np.arange(len(configs)) + 0.4 - width / 2)
+        ax.set_xticklabels(configs, rotation=30, ha="right")
+        ax.set_ylabel("change vs vanilla vLLM (%)")
+        ax.set_title(panel.split(": ")[-1] if title else panel, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
