@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import re
 from typing import Annotated, Any, Literal, Union
 
@@ -26,11 +27,38 @@ from .names import (CAPTURE_POSITIONS, KNOWN_READ_KINDS, KNOWN_WRITE_KINDS, ROUT
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
 
+def _is_a(x, kind: type) -> bool:
+    """``x`` is a ``numbers.Real`` / ``numbers.Integral`` (Python or numpy), and not a bool."""
+    return not isinstance(x, (bool, np.bool_)) and isinstance(x, kind)
+
+
+def _is_list_like(v) -> bool:
+    """An iterable that can hold indices (list, tuple, range, array), not a str, bytes or dict."""
+    return not isinstance(v, (str, bytes, dict)) and hasattr(v, "__iter__")
+
+
+def _optional(coerce):
+    """``coerce`` for an optional field: ``None`` stays ``None``."""
+    return lambda v: None if v is None else coerce(v)
+
+
+def _repeated(names: list) -> list:
+    """The entries of ``names`` that occur more than once, sorted."""
+    return sorted({n for n in names if names.count(n) > 1})
+
+
+def _one_of(names: tuple[str, ...], what: str):
+    """A validator that accepts only the entries of ``names`` (``what`` names them in the error)."""
+    def check(v):
+        if v not in names:
+            raise ValueError(f"unknown {what} {v!r}; known: {', '.join(names)}")
+        return v
+    return check
+
+
 def _finite_number(v) -> float:
     """Any real number (Python or numpy), not bool, not a string; finite."""
-    import numbers
-
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+    if not _is_a(v, numbers.Real):
         raise ValueError(f"expected a number, got {type(v).__name__} {v!r}")
     v = float(v)
     if not math.isfinite(v):
@@ -38,15 +66,28 @@ def _finite_number(v) -> float:
     return v
 
 
+def _number_list(v, *, neg_inf: bool):
+    """An inline vector: a non-empty list/tuple of finite numbers, ``-inf`` entries kept with
+    ``neg_inf``; anything else (a :class:`VectorFile`) is left to the field's type."""
+    if not isinstance(v, (list, tuple)):
+        return v
+    if len(v) == 0:
+        raise ValueError("empty")
+    if not neg_inf:
+        return [_finite_number(x) for x in v]
+    vals = [x if isinstance(x, float) else _finite_number(x) for x in v]
+    if any(math.isnan(x) or x == math.inf for x in vals):
+        raise ValueError("contains NaN or inf")
+    return vals
+
+
 def _layer_list(v) -> list[int]:
     """A non-empty sequence of distinct non-negative ints (list, tuple, range, numpy ints)."""
-    import numbers
-
-    if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
+    if not _is_list_like(v):
         raise ValueError(f"expected a list of layer indices, got {type(v).__name__} {v!r}")
     out = []
     for x in v:
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+        if not _is_a(x, numbers.Integral):
             raise ValueError(f"layer indices must be integers, got {type(x).__name__} {x!r}")
         out.append(int(x))
     if not out:
@@ -60,6 +101,16 @@ def _layer_list(v) -> list[int]:
 
 #: decoder-layer indices of an op: ``"all"`` or distinct non-negative ints (range, numpy ok)
 Layers = Annotated[Union[list[int], Literal["all"]], BeforeValidator(lambda v: v if v == "all" else _layer_list(v))]
+
+#: a finite real number (Python or numpy; bools and strings refused), and its optional form
+FiniteFloat = Annotated[float, BeforeValidator(_finite_number)]
+OptionalFiniteFloat = Annotated[Union[float, None], BeforeValidator(_optional(_finite_number))]
+
+#: a read kind and a capture's positions (an unknown value gets the list of known ones)
+ReadKind = Annotated[Literal["linear_probe", "capture", "cosine"],
+                     BeforeValidator(_one_of(KNOWN_READ_KINDS, "read kind"))]
+CapturePositions = Annotated[Literal["all", "generated", "last"],
+                             BeforeValidator(_one_of(CAPTURE_POSITIONS, "positions"))]
 
 
 #: an entry of an inline vector: a real number (JSON number; bools and numeric strings refused)
@@ -98,7 +149,7 @@ class Cond(BaseModel):
     tokens_prev: list[int] | None = None
     buffer: str | None = None
     op: Literal[">", ">=", "<", "<="] | None = None  # buffer conditions; default ">"
-    threshold: float | None = None
+    threshold: OptionalFiniteFloat = None
     positions: Literal["all", "generated"] = "all"
 
     @field_validator("tokens", "tokens_prev", mode="before")
@@ -106,23 +157,16 @@ class Cond(BaseModel):
     def _ids(cls, v):
         if v is None:
             return v
-        import numbers
-
-        if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__iter__"):
+        if not _is_list_like(v):
             raise ValueError(f"expected a list of token ids, got {type(v).__name__}")
         out = []
         for x in v:
-            if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral) or x < 0:
+            if not _is_a(x, numbers.Integral) or x < 0:
                 raise ValueError(f"token ids must be non-negative integers, got {x!r}")
             out.append(int(x))
         if not out:
             raise ValueError("empty token set")
         return sorted(set(out))
-
-    @field_validator("threshold", mode="before")
-    @classmethod
-    def _thr(cls, v):
-        return None if v is None else _finite_number(v)
 
     @model_validator(mode="after")
     def _one(self):
@@ -170,15 +214,14 @@ class WriteOp(BaseModel):
     hook: str = "hook_resid_post"
     layers: Layers = "all"
     vector: Union[list[Number], VectorFile]
-    scale: float = 1.0
-    value: float | None = None
+    scale: FiniteFloat = 1.0
+    value: OptionalFiniteFloat = None
     cond: Cond | None = None
 
     @field_validator("kind")
     @classmethod
     def _kind(cls, v: str) -> str:
-        if v not in KNOWN_WRITE_KINDS:
-            raise ValueError(f"unknown write kind {v!r}; known: {', '.join(KNOWN_WRITE_KINDS)}")
+        _one_of(KNOWN_WRITE_KINDS, "write kind")(v)
         if v not in SUPPORTED_WRITE_KINDS:
             raise ValueError(f"write kind {v!r} is not yet supported (supported: {', '.join(SUPPORTED_WRITE_KINDS)})")
         return v
@@ -194,19 +237,7 @@ class WriteOp(BaseModel):
     @field_validator("vector", mode="before")
     @classmethod
     def _vector(cls, v):
-        if isinstance(v, (list, tuple)):
-            if len(v) == 0:
-                raise ValueError("empty")
-            vals = []
-            for x in v:
-                if isinstance(x, float) and x == -math.inf:
-                    vals.append(x)  # allowed for router_bias (masks an expert); checked below
-                else:
-                    vals.append(_finite_number(x) if not isinstance(x, float) else x)
-            if any(math.isnan(x) or x == math.inf for x in vals):
-                raise ValueError("contains NaN or inf")
-            return vals
-        return v
+        return _number_list(v, neg_inf=True)  # -inf: router_bias masks an expert; checked below
 
     @model_validator(mode="after")
     def _router_rules(self):
@@ -222,16 +253,6 @@ class WriteOp(BaseModel):
                 raise ValueError(f"scale: must be >= 0 for a router_bias with -inf masks (got {self.scale}); "
                                  "a negative scale turns the mask into +inf (NaN in the router)")
         return self
-
-    @field_validator("scale", mode="before")
-    @classmethod
-    def _scale(cls, v) -> float:
-        return _finite_number(v)
-
-    @field_validator("value", mode="before")
-    @classmethod
-    def _value(cls, v):
-        return None if v is None else _finite_number(v)
 
     @model_validator(mode="after")
     def _value_only_for_clamp(self):
@@ -279,24 +300,17 @@ class ReadOp(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     primitive: Literal["read"] = "read"
-    kind: Literal["linear_probe", "capture", "cosine"]
+    kind: ReadKind
     name: str | None = None
     buffer: str | None = None
     scope: Literal["token", "request"] = "token"
     hook: str = "hook_resid_post"
     layers: Layers = "all"
     weight: Union[list[Number], VectorFile, None] = None
-    bias: float = 0.0
+    bias: FiniteFloat = 0.0
     sigmoid: StrictBool = False
-    positions: Literal["all", "generated", "last"] = "all"
+    positions: CapturePositions = "all"
     cond: dict[str, Any] | None = None
-
-    @field_validator("kind", mode="before")
-    @classmethod
-    def _kind(cls, v):
-        if v not in KNOWN_READ_KINDS:
-            raise ValueError(f"unknown read kind {v!r}; known: {', '.join(KNOWN_READ_KINDS)}")
-        return v
 
     @field_validator("hook")
     @classmethod
@@ -306,23 +320,7 @@ class ReadOp(BaseModel):
     @field_validator("weight", mode="before")
     @classmethod
     def _weight(cls, v):
-        if isinstance(v, (list, tuple)):
-            if len(v) == 0:
-                raise ValueError("empty")
-            return [_finite_number(x) for x in v]
-        return v
-
-    @field_validator("bias", mode="before")
-    @classmethod
-    def _bias(cls, v) -> float:
-        return _finite_number(v)
-
-    @field_validator("positions", mode="before")
-    @classmethod
-    def _positions(cls, v):
-        if v not in CAPTURE_POSITIONS:
-            raise ValueError(f"unknown positions {v!r}; known: {', '.join(CAPTURE_POSITIONS)}")
-        return v
+        return _number_list(v, neg_inf=False)
 
     @model_validator(mode="after")
     def _per_kind(self):
@@ -387,8 +385,7 @@ class AppSpec(BaseModel):
     @field_validator("ops")
     @classmethod
     def _read_names(cls, v):
-        names = [op.name for op in v if op.primitive == "read"]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = _repeated([op.name for op in v if op.primitive == "read"])
         if dup:
             raise ValueError(f"read names {dup} used twice in one app; give each read a distinct name=")
         return v
@@ -397,7 +394,7 @@ class AppSpec(BaseModel):
     @classmethod
     def _buffers(cls, v):
         bufs = [op.buffer for op in v if op.primitive == "read" and op.buffer is not None]
-        dup = sorted({b for b in bufs if bufs.count(b) > 1})
+        dup = _repeated(bufs)
         if dup:
             raise ValueError(f"buffer names {dup} defined twice in one app")
         for i, op in enumerate(v):
@@ -466,8 +463,7 @@ class DeploymentConfig(BaseModel):
     @field_validator("apps")
     @classmethod
     def _unique(cls, v: list[AppSpec]) -> list[AppSpec]:
-        names = [a.name for a in v]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = _repeated([a.name for a in v])
         if dup:
             raise ValueError(f"duplicate app names {dup}")
         return v
@@ -491,18 +487,8 @@ class RequestApp(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     name: str
-    scale: float | None = None
-    layers: list[int] | None = None
+    scale: OptionalFiniteFloat = None
+    layers: Annotated[Union[list[int], None], BeforeValidator(_optional(_layer_list))] = None
     #: content hash of the app the caller meant (set when an ``MIApp`` is passed); checked
     #: against the deployed app of that name when the request is added
     hash: str | None = None
-
-    @field_validator("scale", mode="before")
-    @classmethod
-    def _scale(cls, v):
-        return None if v is None else _finite_number(v)
-
-    @field_validator("layers", mode="before")
-    @classmethod
-    def _layers(cls, v):
-        return None if v is None else _layer_list(v)
