@@ -8,10 +8,9 @@ import os
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from .deployment import parse_deployment
-from .errors import XmixSpecError, _fmt_validation_error
+from .errors import XmixSpecError, _validated
 from .model import AppSpec
 from .names import CONFIG_KEY, KNOWN_READ_KINDS, _hook_name
 
@@ -157,20 +156,15 @@ class MIApp:
 
     def to_spec(self) -> AppSpec:
         """Validate and lower to :class:`AppSpec`. Raises XmixSpecError naming the field."""
-        try:
-            return AppSpec.model_validate({"name": self.name, "ops": [dict(o._fields) for o in self._ops]})
-        except ValidationError as e:
-            raise XmixSpecError(_fmt_validation_error(f"app {self.name!r}", e)) from None
+        ops = [dict(o._fields) for o in self._ops]
+        return _validated(AppSpec, {"name": self.name, "ops": ops}, f"app {self.name!r}")
 
     def to_json(self) -> str:
         return self.to_spec().model_dump_json()
 
     @staticmethod
     def from_json(s: str) -> AppSpec:
-        try:
-            return AppSpec.model_validate_json(s)
-        except ValidationError as e:
-            raise XmixSpecError(_fmt_validation_error("app", e)) from None
+        return _validated(AppSpec, s, "app", from_json=True)
 
     def content_hash(self) -> str:
         return self.to_spec().content_hash()

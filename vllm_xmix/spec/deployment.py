@@ -4,12 +4,9 @@ layers, token ids)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from pydantic import ValidationError
-
-from .errors import XmixSpecError, _fmt_validation_error
+from .errors import XmixSpecError, _json, _validated
 from .model import DeploymentConfig
 from .vectors import load_op_vector
 
@@ -21,19 +18,18 @@ def parse_deployment(raw: Any) -> DeploymentConfig:
         XmixSpecError: naming the offending field (``xmix.apps.0.ops.0.vector: ...``).
     """
     if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise XmixSpecError(f"additional_config.xmix: not valid JSON ({e})") from None
+        raw = _json(raw, "additional_config.xmix")
     if isinstance(raw, DeploymentConfig):
         return raw
-    try:
-        return DeploymentConfig.model_validate(raw)
-    except ValidationError as e:
-        raise XmixSpecError(_fmt_validation_error("additional_config.xmix", e)) from None
+    return _validated(DeploymentConfig, raw, "additional_config.xmix")
 
 
 def resolve_layers(layers: list[int] | str, n_layers: int, field: str) -> list[int]:
+    """An op's layers as decoder-layer indices: ``"all"`` -> ``0 .. n_layers - 1``.
+
+    Raises:
+        XmixSpecError: ``{field}: layer index ... out of range`` for an index >= ``n_layers``.
+    """
     if layers == "all":
         return list(range(n_layers))
     bad = [x for x in layers if not 0 <= x < n_layers]

@@ -1,4 +1,4 @@
-"""The spec's error type and the formatting of pydantic errors into it.
+"""The spec's error type, and turning JSON and pydantic errors into it.
 
 Every bad app spec, deployment or request surfaces as :class:`XmixSpecError` (a ``ValueError``)
 whose message starts with the offending field, e.g. ``app 'happy'.ops.0.scale: ...``.
@@ -6,7 +6,12 @@ whose message starts with the offending field, e.g. ``app 'happy'.ops.0.scale: .
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class XmixSpecError(ValueError):
@@ -14,6 +19,8 @@ class XmixSpecError(ValueError):
 
 
 def _fmt_validation_error(prefix: str, e: ValidationError) -> str:
+    """One line per pydantic error, ``{prefix}.{loc}: {msg}``, joined with ``"; "``; the
+    discriminated union's ``write``/``read`` tag is dropped from the location."""
     parts = []
     for err in e.errors():
         raw = list(err.get("loc", ()))
@@ -27,3 +34,23 @@ def _fmt_validation_error(prefix: str, e: ValidationError) -> str:
             msg += f" (got {got})"  # which value: e.g. "ALL" where 'all' was meant
         parts.append(f"{prefix}{'.' + loc if loc else ''}: {msg}")
     return "; ".join(parts)
+
+
+def _json(s: str, field: str) -> Any:
+    """``json.loads(s)``. Raises XmixSpecError ``{field}: not valid JSON (...)``."""
+    try:
+        return json.loads(s)
+    except json.JSONDecodeError as e:
+        raise XmixSpecError(f"{field}: not valid JSON ({e})") from None
+
+
+def _validated(model: type[M], data, prefix: str, *, from_json: bool = False) -> M:
+    """``model.model_validate(data)`` (``model_validate_json`` with ``from_json``).
+
+    Raises:
+        XmixSpecError: the pydantic errors, formatted by :func:`_fmt_validation_error` with ``prefix``.
+    """
+    try:
+        return model.model_validate_json(data) if from_json else model.model_validate(data)
+    except ValidationError as e:
+        raise XmixSpecError(_fmt_validation_error(prefix, e)) from None

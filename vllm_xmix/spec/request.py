@@ -3,28 +3,23 @@ checking it against the deployment, and the canonical wire form."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
-from pydantic import ValidationError
-
 from .deployment import resolve_layers
-from .errors import XmixSpecError, _fmt_validation_error
+from .errors import XmixSpecError, _json, _validated
 from .model import DeploymentConfig, RequestApp
 
 
 def _coerce_request_list(raw: Any, field: str) -> list[Any]:
+    """The items of a request's app selection (a list, ``{"apps": [...]}``, or JSON of either)."""
     if isinstance(raw, str):
         if not raw.strip():
             raise XmixSpecError(f"{field}: empty; expected a list of apps, e.g. ['happy'] or "
                                 "'[{\"name\": \"happy\", \"scale\": 4}]'")
         if not raw.lstrip().startswith(("[", "{")):
             raise XmixSpecError(f"{field}: expected a list of apps (e.g. [{raw!r}]), got str {raw!r}")
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise XmixSpecError(f"{field}: not valid JSON ({e})") from None
+        raw = _json(raw, field)
     if isinstance(raw, dict):
         if "apps" not in raw or set(raw) - {"apps"}:
             raise XmixSpecError(f"{field}: expected {{'apps': [...]}}, got keys {sorted(raw)}")
@@ -54,10 +49,7 @@ def parse_request_apps(raw: Any, field: str = "mi_apps") -> list[RequestApp]:
         elif isinstance(it, str):
             ra = RequestApp(name=it)
         elif isinstance(it, dict):
-            try:
-                ra = RequestApp.model_validate(it)
-            except ValidationError as e:
-                raise XmixSpecError(_fmt_validation_error(f, e)) from None
+            ra = _validated(RequestApp, it, f)
         elif hasattr(it, "name") and hasattr(it, "to_spec"):  # an MIApp: by name, checked by content
             try:
                 ra = RequestApp(name=it.name, hash=it.content_hash())
