@@ -13,6 +13,7 @@ from .deployment import parse_deployment
 from .errors import XmixSpecError, _validated
 from .model import AppSpec
 from .names import CONFIG_KEY, KNOWN_READ_KINDS, _hook_name
+from .vectors import _tensor_to_numpy
 
 
 class _OpBuilder:
@@ -92,9 +93,7 @@ class MIApp:
         fields = {"primitive": "write", "kind": kind, "vector": vec, "scale": scale}
         if value is not None:
             fields["value"] = value
-        op = _OpBuilder(self, fields)
-        self._ops.append(op)
-        return op
+        return self._add(fields)
 
     def read(self, kind: str, *, weight=None, bias: float = 0.0, sigmoid: bool = False,
              positions: str | None = None, name: str | None = None, key: str | None = None,
@@ -118,14 +117,12 @@ class MIApp:
             fields["bias"] = bias
         if sigmoid:
             fields["sigmoid"] = sigmoid
-        if positions is not None:
-            fields["positions"] = positions
-        if name is not None:
-            fields["name"] = name
-        if buffer is not None:
-            fields["buffer"] = buffer
-        if scope is not None:
-            fields["scope"] = scope
+        given = {"positions": positions, "name": name, "buffer": buffer, "scope": scope}
+        fields.update({k: v for k, v in given.items() if v is not None})
+        return self._add(fields)
+
+    def _add(self, fields: dict[str, Any]) -> _OpBuilder:
+        """Append an op with these (not yet validated) fields; its builder."""
         op = _OpBuilder(self, fields)
         self._ops.append(op)
         return op
@@ -138,11 +135,7 @@ class MIApp:
             raise XmixSpecError(f"{self.name}.{field}: key={key!r} names a tensor in a file, but the vector was "
                                 f"given as a {type(vector).__name__} (pass a file path, or leave key out)")
         if hasattr(vector, "detach"):
-            import torch
-
-            if vector.is_complex() or vector.dtype == torch.bool:
-                raise XmixSpecError(f"{self.name}.{field}: expected real numbers, got a {vector.dtype} tensor")
-            vector = vector.detach().float().cpu().numpy()
+            vector = _tensor_to_numpy(vector, f"{self.name}.{field}")
         try:
             raw = np.asarray(vector)
             if raw.dtype.kind not in "fiu":  # bool, complex, strings, objects
@@ -160,13 +153,16 @@ class MIApp:
         return _validated(AppSpec, {"name": self.name, "ops": ops}, f"app {self.name!r}")
 
     def to_json(self) -> str:
+        """The validated :class:`AppSpec` as JSON. Raises XmixSpecError like :meth:`to_spec`."""
         return self.to_spec().model_dump_json()
 
     @staticmethod
     def from_json(s: str) -> AppSpec:
+        """Parse an :class:`AppSpec` from JSON (e.g. :meth:`to_json`'s). Raises XmixSpecError naming the field."""
         return _validated(AppSpec, s, "app", from_json=True)
 
     def content_hash(self) -> str:
+        """:meth:`AppSpec.content_hash` of the validated app (16 hex chars)."""
         return self.to_spec().content_hash()
 
 

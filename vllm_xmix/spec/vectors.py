@@ -13,8 +13,86 @@ from .model import ReadOp, VectorFile, WriteOp
 from .names import ROUTER_HOOK
 
 
+def _tensor_to_numpy(t, field: str, where: str = "") -> np.ndarray:
+    """A real torch tensor as float32 numpy on the CPU.
+
+    Raises:
+        XmixSpecError: for a complex or bool tensor (``where``, e.g. ``" in v.pt"``, ends the message).
+    """
+    import torch
+
+    if t.is_complex() or t.dtype == torch.bool:
+        raise XmixSpecError(f"{field}: expected real numbers, got a {t.dtype} tensor{where}")
+    return t.detach().float().cpu().numpy()
+
+
+def _read_safetensors(path: str, key: str | None, field: str) -> np.ndarray:
+    """The tensor ``key`` of a ``.safetensors`` file (``key`` optional when it holds one)."""
+    from safetensors.numpy import load_file
+
+    tensors = load_file(path)
+    if key is None:
+        if len(tensors) != 1:
+            raise XmixSpecError(f"{field}.key: {path} holds {sorted(tensors)}; name one")
+        return next(iter(tensors.values()))
+    if key not in tensors:
+        raise XmixSpecError(f"{field}.key: {key!r} not in {path} (has {sorted(tensors)})")
+    return tensors[key]
+
+
+def _read_torch(path: str, key: str | None, field: str) -> np.ndarray:
+    """A ``.pt``/``.pth`` file holding a tensor, or a dict of them (``key`` names one)."""
+    import torch
+
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(obj, dict):
+        if key is None or key not in obj:
+            raise XmixSpecError(f"{field}.key: {key!r} not in {path} (has {sorted(obj)})")
+        obj = obj[key]
+    elif key is not None:
+        raise XmixSpecError(f"{field}.key: {path} holds a single {type(obj).__name__}, not a dict of "
+                            f"tensors: key {key!r} selects nothing (leave it out)")
+    if not isinstance(obj, torch.Tensor):
+        raise XmixSpecError(f"{field}.path: {path} holds a {type(obj).__name__}, not a tensor")
+    return _tensor_to_numpy(obj, field, f" in {path}")
+
+
+def _read_npy(path: str, key: str | None, field: str) -> np.ndarray:
+    """A ``.npy`` file (one array, so no ``key``; no pickles)."""
+    if key is not None:
+        raise XmixSpecError(f"{field}.key: a .npy file holds one array: key {key!r} selects "
+                            f"nothing in {path} (leave it out)")
+    return np.load(path, allow_pickle=False)
+
+
+#: file suffix -> reader(path, key, field)
+_READERS = {".safetensors": _read_safetensors, ".pt": _read_torch, ".pth": _read_torch, ".npy": _read_npy}
+
+
+def _read_vector_file(ref: VectorFile, field: str) -> tuple[np.ndarray, str]:
+    """The array a :class:`VectorFile` names (any dtype and shape), and its expanded path.
+
+    Raises:
+        XmixSpecError: missing file, unsupported suffix, unknown key, unreadable file.
+    """
+    path = os.path.expanduser(ref.path)
+    if not os.path.exists(path):
+        raise XmixSpecError(f"{field}.path: file not found: {path}")
+    reader = next((r for suffix, r in _READERS.items() if path.endswith(suffix)), None)
+    try:
+        if reader is None:
+            raise XmixSpecError(f"{field}.path: unsupported file type {path} (.safetensors, .pt, .npy)")
+        return reader(path, ref.key, field), path
+    except XmixSpecError:
+        raise
+    except Exception as e:  # corrupt file etc.
+        raise XmixSpecError(f"{field}.path: cannot read {path}: {e}") from None
+
+
 def load_vector(ref: list[float] | VectorFile, field: str, allow_neg_inf: bool = False) -> np.ndarray:
     """Load a vector as float32 numpy ``[d]``.
+
+    ``allow_neg_inf``: accept ``-inf`` entries (``router_bias`` masks).
 
     Raises:
         XmixSpecError: missing file, unknown key (or a key for a file without keys: ``.npy``, a
@@ -24,49 +102,7 @@ def load_vector(ref: list[float] | VectorFile, field: str, allow_neg_inf: bool =
     if isinstance(ref, list):
         arr = np.asarray(ref, dtype=np.float32)
     else:
-        path = os.path.expanduser(ref.path)
-        if not os.path.exists(path):
-            raise XmixSpecError(f"{field}.path: file not found: {path}")
-        try:
-            if path.endswith(".safetensors"):
-                from safetensors.numpy import load_file
-
-                tensors = load_file(path)
-                if ref.key is None:
-                    if len(tensors) != 1:
-                        raise XmixSpecError(f"{field}.key: {path} holds {sorted(tensors)}; name one")
-                    arr = next(iter(tensors.values()))
-                elif ref.key not in tensors:
-                    raise XmixSpecError(f"{field}.key: {ref.key!r} not in {path} (has {sorted(tensors)})")
-                else:
-                    arr = tensors[ref.key]
-            elif path.endswith((".pt", ".pth")):
-                import torch
-
-                obj = torch.load(path, map_location="cpu", weights_only=True)
-                if isinstance(obj, dict):
-                    if ref.key is None or ref.key not in obj:
-                        raise XmixSpecError(f"{field}.key: {ref.key!r} not in {path} (has {sorted(obj)})")
-                    obj = obj[ref.key]
-                elif ref.key is not None:
-                    raise XmixSpecError(f"{field}.key: {path} holds a single {type(obj).__name__}, not a dict of "
-                                        f"tensors: key {ref.key!r} selects nothing (leave it out)")
-                if not isinstance(obj, torch.Tensor):
-                    raise XmixSpecError(f"{field}.path: {path} holds a {type(obj).__name__}, not a tensor")
-                if obj.is_complex() or obj.dtype == torch.bool:
-                    raise XmixSpecError(f"{field}: expected real numbers, got a {obj.dtype} tensor in {path}")
-                arr = obj.detach().float().numpy()
-            elif path.endswith(".npy"):
-                if ref.key is not None:
-                    raise XmixSpecError(f"{field}.key: a .npy file holds one array: key {ref.key!r} selects "
-                                        f"nothing in {path} (leave it out)")
-                arr = np.load(path, allow_pickle=False)
-            else:
-                raise XmixSpecError(f"{field}.path: unsupported file type {path} (.safetensors, .pt, .npy)")
-        except XmixSpecError:
-            raise
-        except Exception as e:  # corrupt file etc.
-            raise XmixSpecError(f"{field}.path: cannot read {path}: {e}") from None
+        arr, path = _read_vector_file(ref, field)
         arr = np.asarray(arr)
         if arr.dtype.kind not in "fiu":  # bool, complex, strings: not a direction
             raise XmixSpecError(f"{field}: expected real numbers, got dtype {arr.dtype} in {path}")
@@ -82,12 +118,23 @@ def load_vector(ref: list[float] | VectorFile, field: str, allow_neg_inf: bool =
 
 
 def hook_width(hook: str, d_model: int, n_experts: int | None, field: str) -> int:
-    """Last dimension of the value at ``hook``: ``n_experts`` at the router logits, else ``d_model``."""
+    """Last dimension of the value at ``hook``: ``n_experts`` at the router logits, else ``d_model``.
+
+    Raises:
+        XmixSpecError: ``{field}.hook`` at the router logits of a model without an MoE router.
+    """
     if hook == ROUTER_HOOK:
         if n_experts is None:
             raise XmixSpecError(f"{field}.hook: this model has no MoE router")
         return n_experts
     return d_model
+
+
+def _check_width(vec: np.ndarray, hook: str, width: int, field: str) -> None:
+    """Raises XmixSpecError naming ``field`` if ``vec`` is not ``[width]`` (the hook's width)."""
+    if vec.shape[0] != width:
+        what = "n_experts" if hook == ROUTER_HOOK else "d_model"
+        raise XmixSpecError(f"{field}: length {vec.shape[0]} != {what} {width} of this model")
 
 
 def load_op_vector(op: WriteOp | ReadOp, field: str, d_model: int, n_experts: int | None) -> np.ndarray:
@@ -105,9 +152,7 @@ def load_op_vector(op: WriteOp | ReadOp, field: str, d_model: int, n_experts: in
         w = load_vector(op.weight, field + ".weight")
         if op.kind == "cosine" and not np.any(w):
             raise XmixSpecError(f"{field}.weight: zero vector has no direction for a cosine similarity")
-        if w.shape[0] != width:
-            what = "n_experts" if op.hook == ROUTER_HOOK else "d_model"
-            raise XmixSpecError(f"{field}.weight: length {w.shape[0]} != {what} {width} of this model")
+        _check_width(w, op.hook, width, field + ".weight")
         return w
     vec = load_vector(op.vector, field + ".vector", allow_neg_inf=op.kind == "router_bias")
     if op.kind == "router_bias":
@@ -115,13 +160,8 @@ def load_op_vector(op: WriteOp | ReadOp, field: str, d_model: int, n_experts: in
             raise XmixSpecError(f"{field}.vector: masks every expert (-inf everywhere)")
         if np.isneginf(vec).any() and op.scale < 0:
             raise XmixSpecError(f"{field}.scale: must be >= 0 for a router_bias with -inf masks")
-        if n_experts is None:
-            raise XmixSpecError(f"{field}.hook: this model has no MoE router")
-        if vec.shape[0] != n_experts:
-            raise XmixSpecError(f"{field}.vector: length {vec.shape[0]} != n_experts {n_experts} of this model")
-        return vec
-    if vec.shape[0] != d_model:
-        raise XmixSpecError(f"{field}.vector: length {vec.shape[0]} != d_model {d_model} of this model")
+    # a router_bias write is at the router logits (WriteOp checks), every other write is not
+    _check_width(vec, op.hook, hook_width(op.hook, d_model, n_experts, field), field + ".vector")
     if op.kind in ("ablate", "clamp") and not np.any(vec):
         raise XmixSpecError(f"{field}.vector: zero vector has no direction to {op.kind}")
     return vec
