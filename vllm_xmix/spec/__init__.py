@@ -19,7 +19,7 @@ implemented (conditional reads, conditional ``router_bias`` writes) is rejected 
 
 Modules (each imports only those above it):
 
-* :mod:`.errors`: :class:`XmixSpecError` and the formatting of pydantic errors into it;
+* :mod:`.errors`: :class:`XmixSpecError`, and turning JSON and pydantic errors into it;
 * :mod:`.names`: the config key, hook names, op kinds, capture positions; hook-name normalisation;
 * :mod:`.model`: the pydantic data model (:class:`AppSpec`, :class:`WriteOp`, :class:`ReadOp`,
   :class:`Cond`, :class:`DeploymentConfig`, :class:`RequestApp`) and its validators;

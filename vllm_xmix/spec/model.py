@@ -3,8 +3,8 @@
 :class:`AppSpec` (a name and its :class:`WriteOp` / :class:`ReadOp` ops, writes optionally
 guarded by a :class:`Cond`), :class:`DeploymentConfig` (``additional_config["xmix"]``) and
 :class:`RequestApp` (one app switched on by a request). Validation here is structural (types,
-finiteness, kinds, hooks, per-kind rules); the checks against a model (layer range, vector
-length) are in :mod:`.deployment`.
+finiteness, kinds, hooks, per-kind rules); the checks against a model are in :mod:`.vectors`
+(vector lengths) and :mod:`.deployment` (layer range, condition layers, token ids).
 """
 
 from __future__ import annotations
