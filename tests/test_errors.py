@@ -238,7 +238,7 @@ def test_write_magnitude_bound_follows_the_dtype():
 
     import torch
 
-    from vllm_xmix._vllm_compat import check_write_magnitude
+    from vllm_xmix.validation import check_write_magnitude
 
     a, b = MIApp("abl"), MIApp("add")
     a.write("ablate", vector=unit_rms(1)).layers([1])

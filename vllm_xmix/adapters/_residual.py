@@ -37,14 +37,7 @@ import functools
 import torch
 
 from ..kernels.row_write import ADD, PROJ
-from ..runtime.layout import RESIDUAL_HOOKS
-
-#: names of the runtime's buffers on each module whose hook has fused writes (the same tensors on
-#: every such module; ``tok_fc``: each token's coefficient of each fused entry, ``vectors``): as
-#: module buffers they are graph inputs that torch.compile traces (stable addresses for CUDA
-#: graphs; the AOT cache rebinds them from the module), so the fused adds below are visible to
-#: Inductor
-_BUFFERS = ("tok_fc", "vectors")
+from ..runtime.layout import MODULE_BUFFERS, RESIDUAL_HOOKS
 
 
 def _fused_writes(module: torch.nn.Module, t: torch.Tensor, other: torch.Tensor | None,
@@ -142,7 +135,7 @@ def _register_buffers(module: torch.nn.Module, state) -> None:
     """The runtime's buffers as (non-persistent) buffers of a module whose hook emits fused writes."""
     if hasattr(module, "xmix_tok_fc"):
         return
-    for name in _BUFFERS:
+    for name in MODULE_BUFFERS:
         module.register_buffer(f"xmix_{name}", getattr(state, name), persistent=False)
     state.buffer_modules.append(module)  # XmixState.verify_hooks_fired: still the same tensors?
 

@@ -14,14 +14,14 @@ Nothing here imports vLLM internals; the model-runner patches in ``vllm_xmix._vl
 call into it.
 """
 
-from .layout import MAX_READ_BUFFER_BYTES, DeviceLayout, Entry, buffer_bytes, check_buffer_bytes, fused_id
+from .layout import MAX_READ_BUFFER_BYTES, RUNTIME_ID, DeviceLayout, Entry, buffer_bytes, check_buffer_bytes, fused_id
 from .slots import NULL_SLOT
 from .state import STATE_KEY, XmixState, engine_limits, get_or_create_state, get_state_from_config
 from .step import RING
 from .variants import SitePlan, graph_variant_settings
 
 __all__ = [
-    "MAX_READ_BUFFER_BYTES", "NULL_SLOT", "RING", "STATE_KEY", "DeviceLayout", "Entry", "SitePlan", "XmixState",
+    "MAX_READ_BUFFER_BYTES", "NULL_SLOT", "RUNTIME_ID", "RING", "STATE_KEY", "DeviceLayout", "Entry", "SitePlan", "XmixState",
     "buffer_bytes", "check_buffer_bytes", "engine_limits", "fused_id", "get_or_create_state",
     "get_state_from_config", "graph_variant_settings",
 ]

@@ -36,6 +36,15 @@ from .conditions import ConditionTables
 #: the hook points of a decoder layer's residual-stream body (``(hidden_states, residual)``,
 #: installed by ``adapters._residual``): where the compiled graph can apply fused writes itself
 RESIDUAL_HOOKS = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
+#: the layout's tensors that ``adapters._residual`` registers as (non-persistent) buffers of each
+#: module whose hook emits fused writes (``tok_fc``, ``vectors``): graph inputs torch.compile
+#: traces (stable addresses for CUDA graphs; the AOT cache rebinds them from the module), so the
+#: fused writes are visible to Inductor
+MODULE_BUFFERS = ("tok_fc", "vectors")
+#: identity of what the lowering and the hooks put into the compiled graph, stamped into the
+#: deployment (part of vLLM's config hash, hence of the torch.compile cache key): bump it with any
+#: change to that
+RUNTIME_ID = "vllm-xmix 0.5.0"
 #: largest total of the buffers that grow with the engine's limits (see :func:`buffer_bytes`);
 #: captures of many layers at ``max_num_batched_tokens`` rows are the usual way to hit it
 MAX_READ_BUFFER_BYTES = 4 << 30

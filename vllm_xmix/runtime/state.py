@@ -14,7 +14,7 @@ import torch
 
 from ..hf_config import n_experts, text_config
 from ..spec import CONFIG_KEY, DeploymentConfig, parse_deployment
-from .layout import DeviceLayout
+from .layout import MODULE_BUFFERS, DeviceLayout
 from .reads import ReadTransport
 from .slots import SlotRegistry
 from .step import StepFill
@@ -161,10 +161,8 @@ class XmixState:
         if self.has_token_cond and not self.token_hook_installed:
             raise RuntimeError("vllm_xmix: token conditions are deployed but the embedding hook is not installed "
                                "(unsupported model class)")
-        from ..adapters._residual import _BUFFERS
-
         for m in self.buffer_modules:  # a module.to()/half() after construction would have copied them
-            for name in _BUFFERS:
+            for name in MODULE_BUFFERS:
                 if getattr(m, f"xmix_{name}").data_ptr() != getattr(self, name).data_ptr():
                     raise RuntimeError(f"vllm_xmix: the buffer xmix_{name} of {type(m).__name__} is no longer the "
                                        "runtime's tensor (the model was moved or cast after construction); the "

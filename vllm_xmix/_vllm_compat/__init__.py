@@ -1,0 +1,56 @@
+"""Everything that touches vLLM internals, in one place (vLLM 0.26.x), one module per vLLM
+component it patches. Each patch wraps the original (kept as ``__wrapped__``), is applied once
+(:func:`apply_patches` is idempotent) and initialises no CUDA:
+
+* :mod:`.engine_args` -- ``EngineArgs.create_engine_config``: the deployment is checked against
+  the model and engine when the engine is configured (on an unsupported vLLM: refused);
+* :mod:`.input_processor` -- ``InputProcessor.process_inputs``: each request's app selection is
+  checked when it is added, written in canonical form, and salted for the prefix cache;
+* :mod:`.model_construction` -- decoder-layer and model ``__init__`` of each adapter's classes:
+  the hooks are installed at construction, before Dynamo traces the model;
+* :mod:`.model_runner` -- V1 and V2 ``GPUModelRunner`` (``execute_model``, ``_prepare_inputs`` /
+  ``prepare_inputs``, ``_dummy_run``, ``sample_tokens``): the request registry, the per-step fill
+  and the read values' copy-out;
+* :mod:`.graph_capture` -- ``CUDAGraphWrapper``, V1 ``_warmup_and_capture``, V2
+  ``ModelCudaGraphManager`` / ``CudaGraphManager``: CUDA graphs per hook variant;
+* :mod:`.scheduler` -- ``Scheduler.update_from_output``: read values travel per request to the
+  front end;
+* :mod:`.output_processor` -- ``RequestState.make_request_output``: read values become
+  ``RequestOutput.mi_results``;
+* :mod:`.openai_server` -- ``create_completion`` / ``create_chat_completion``: bad selections are
+  an HTTP 400 before the response starts.
+
+The patches call into the runtime (:mod:`vllm_xmix.runtime`) and the checks
+(:mod:`vllm_xmix.validation`); neither imports this package.
+"""
+
+from __future__ import annotations
+
+from .core import _PATCHED, SUPPORTED_VLLM, version_supported, vllm_version
+from .engine_args import patch_refusal as _patch_refusal
+
+
+def apply_patches() -> list[str]:
+    """Apply every patch (idempotent); returns the names of what is patched."""
+    from .engine_args import patch_engine_args
+    from .graph_capture import patch_graph_variants
+    from .input_processor import patch_input_processor
+    from .model_construction import patch_layer_classes
+    from .model_runner import patch_v1_runner, patch_v2_runner
+    from .openai_server import patch_openai_server
+    from .output_processor import patch_output_processor
+    from .scheduler import patch_scheduler
+
+    patch_engine_args()
+    patch_input_processor()
+    patch_layer_classes()
+    patch_v1_runner()
+    patch_v2_runner()
+    patch_graph_variants()
+    patch_scheduler()
+    patch_output_processor()
+    patch_openai_server()
+    return list(_PATCHED)
+
+
+__all__ = ["SUPPORTED_VLLM", "apply_patches", "version_supported", "vllm_version"]

@@ -1,0 +1,135 @@
+"""Graph capture: CUDA graphs captured once per hook variant (``CUDAGraphWrapper``, V1
+``GPUModelRunner._warmup_and_capture``, V2 ``ModelCudaGraphManager.capture`` /
+``CudaGraphManager.run_fullgraph``; see :func:`patch_graph_variants`)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from ..runtime import STATE_KEY
+from .core import mark
+
+logger = logging.getLogger("vllm.xmix")
+
+
+def _state_of_config(vllm_config):
+    st = vllm_config.compilation_config.static_forward_context.get(STATE_KEY)
+    return st if st is not None and st.variants_enabled else None
+
+
+def patch_graph_variants() -> None:
+    """CUDA graphs captured once per hook variant (``XmixState.graph_variants``: without any hook
+    op, with the ops of one deployed app, with every op), the way vLLM specializes graphs on LoRA
+    (``cudagraph_specialize_lora``); a step where no token has an app on replays the graphs
+    without them, so deployed-but-off apps launch nothing, and a step with one app on launches
+    that app's ops only.
+
+    * ``CUDAGraphWrapper`` (piecewise graphs of both runners, FULL graphs of the V1 runner): a
+      wrapper that was called while variants were being captured keeps one entry table per
+      variant (keyed by its run mask) and uses the table of the current step's variant;
+    * V1 ``GPUModelRunner._warmup_and_capture`` (capture and graph-memory profiling): each batch
+      descriptor is captured for every variant;
+    * V2 ``ModelCudaGraphManager.capture`` / ``CudaGraphManager.run_fullgraph``: the whole
+      capture runs once per variant into its own graph table; replay picks the step's.
+
+    A wrapper never called during a variant capture keeps its single table (the hook ops are
+    then captured, and run, in every step: correct, only not free). The ops themselves return
+    without launching when their site is not in the variant's run mask (``XmixState.runs``),
+    which is what each variant's graphs record. ``VLLM_USE_BREAKABLE_CUDAGRAPH`` keeps its own graph tables: variants are
+    turned off there (``XmixState.build``)."""
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+
+    def wrap_call(orig):
+        @functools.wraps(orig)
+        def __call__(self, *args, **kwargs):
+            st = _state_of_config(self.vllm_config)
+            if st is not None:  # (runs once per piece of a piecewise step: kept short)
+                d = self.__dict__
+                tables = d.get("_xmix_tables")
+                if tables is not None and self.concrete_cudagraph_entries is not d["_xmix_cur"]:
+                    tables = d["_xmix_tables"] = None  # vLLM replaced the table (elastic EP re-capture)
+                if tables is None and st.capturing_variants:
+                    tables = d["_xmix_tables"] = {st.all_mask: self.concrete_cudagraph_entries}
+                if tables is not None:
+                    t = tables.get(st.run_mask)
+                    if t is None:
+                        if not st.capturing_variants:
+                            raise RuntimeError(f"vllm_xmix: no CUDA graphs were captured for hook variant "
+                                               f"{st.run_mask:#x} (captured: {[hex(m) for m in tables]})")
+                        t = tables[st.run_mask] = {}
+                    self.concrete_cudagraph_entries = d["_xmix_cur"] = t
+            return orig(self, *args, **kwargs)
+
+        return __call__
+
+    def wrap_clear(orig):
+        @functools.wraps(orig)
+        def clear_graphs(self):
+            for t in (self.__dict__.get("_xmix_tables") or {}).values():
+                t.clear()
+            return orig(self)
+
+        return clear_graphs
+
+    mark("CUDAGraphWrapper.__call__", CUDAGraphWrapper, "__call__", wrap_call)
+    mark("CUDAGraphWrapper.clear_graphs", CUDAGraphWrapper, "clear_graphs", wrap_clear)
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def wrap_v1_capture(orig):
+        @functools.wraps(orig)
+        def _warmup_and_capture(self, desc, *args, **kwargs):
+            st = _state_of_config(self.vllm_config)
+            if st is None:
+                return orig(self, desc, *args, **kwargs)
+            *rest, last = st.graph_variants()  # app-free first, every site last
+            for mask in rest:
+                with st.capture_variant(mask):
+                    orig(self, desc, *args, **kwargs)
+            with st.capture_variant(last):
+                return orig(self, desc, *args, **kwargs)
+
+        return _warmup_and_capture
+
+    mark("V1 GPUModelRunner._warmup_and_capture", GPUModelRunner, "_warmup_and_capture", wrap_v1_capture)
+
+    try:
+        from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager, ModelCudaGraphManager
+    except Exception as e:  # V2 needs Triton; CPU builds run V1
+        logger.debug("vllm_xmix: V2 graph manager not importable here (%s)", e)
+        return
+
+    def wrap_v2_capture(orig):
+        @functools.wraps(orig)
+        def capture(self, *args, **kwargs):
+            st = _state_of_config(self.vllm_config)
+            if st is None:
+                return orig(self, *args, **kwargs)
+            tables = {}
+            for mask in st.graph_variants():  # app-free first, every site last
+                self.graphs = {}
+                with st.capture_variant(mask):
+                    orig(self, *args, **kwargs)
+                tables[mask] = self.graphs
+            self._xmix_graphs = tables
+            self.graphs = tables[st.all_mask]
+
+        return capture
+
+    def wrap_v2_replay(orig):
+        @functools.wraps(orig)
+        def run_fullgraph(self, desc):
+            tables = self.__dict__.get("_xmix_graphs")
+            if tables is not None:
+                st = _state_of_config(self.vllm_config)
+                mask = st.run_mask if st is not None else max(tables)
+                if mask not in tables:
+                    raise RuntimeError(f"vllm_xmix: no CUDA graphs were captured for hook variant {mask:#x}")
+                self.graphs = tables[mask]
+            return orig(self, desc)
+
+        return run_fullgraph
+
+    mark("V2 ModelCudaGraphManager.capture", ModelCudaGraphManager, "capture", wrap_v2_capture)
+    mark("V2 CudaGraphManager.run_fullgraph", CudaGraphManager, "run_fullgraph", wrap_v2_replay)

@@ -1,0 +1,159 @@
+"""Model runners, V1 (``vllm.v1.worker.gpu_model_runner.GPUModelRunner``, also the base of the
+CPU runner) and V2 (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``):
+
+* ``execute_model``: before, the request registry follows the scheduler output and the hook
+  self-check runs; after, the step's read values are copied out (``XmixState.snapshot``);
+* ``_prepare_inputs`` (V1) / ``prepare_inputs`` (V2): after, the per-token fill of the device
+  tables for this step's batch (``XmixState.fill``);
+* ``_dummy_run`` (V1) / ``execute_model(dummy_run=True)`` (V2): the slot table is cleared;
+* ``sample_tokens``: the step's read values ride on its ``ModelRunnerOutput`` as
+  ``xmix_reads`` (for async outputs, when ``get_output()`` runs)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from ..runtime import STATE_KEY
+from .core import mark
+
+logger = logging.getLogger("vllm.xmix")
+
+
+def _state_of(runner):
+    return runner.compilation_config.static_forward_context.get(STATE_KEY)
+
+
+def _pre_execute(runner, scheduler_output) -> None:
+    st = _state_of(runner)
+    if st is None:
+        return
+    st.verify_hooks_fired()
+    st.update_requests(scheduler_output)
+
+
+def _post_execute(runner, out):
+    st = _state_of(runner)
+    if st is not None:
+        st.verify_hooks_fired()  # before sampling: a step without its hooks never emits a token
+        st.snapshot()
+        if out is not None:  # the step ended without a separate sample_tokens call
+            out = _attach_reads(runner, out)
+    return out
+
+
+def _attach_reads(runner, out):
+    """Give the step's read values to its output (``ModelRunnerOutput.xmix_reads``: ``{req_id:
+    [chunk, ...]}``, see ``XmixState.reads_of``); for an async output when ``get_output()`` runs."""
+    st = _state_of(runner)
+    if st is None:
+        return out
+    snap = st.pop_snapshot()
+    if snap is None:
+        return out
+    if out is None:  # no output for this step (a failed step): its values are dropped
+        return out
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput
+
+    def put(o):
+        if o is EMPTY_MODEL_RUNNER_OUTPUT:
+            import copy
+
+            o = copy.copy(o)
+        o.xmix_reads = st.reads_of(snap)
+        return o
+
+    if isinstance(out, AsyncModelRunnerOutput):
+        get = out.get_output
+        out.get_output = lambda: put(get())
+        return out
+    if hasattr(out, "req_ids"):  # a ModelRunnerOutput (not IntermediateTensors)
+        return put(out)
+    return out
+
+
+def _wrap_sample(orig):
+    @functools.wraps(orig)
+    def sample_tokens(self, *args, **kwargs):
+        return _attach_reads(self, orig(self, *args, **kwargs))
+
+    return sample_tokens
+
+
+def patch_v1_runner() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def wrap_exec(orig):
+        @functools.wraps(orig)
+        def execute_model(self, scheduler_output, *args, **kwargs):
+            _pre_execute(self, scheduler_output)
+            out = orig(self, scheduler_output, *args, **kwargs)
+            return _post_execute(self, out)
+
+        return execute_model
+
+    def wrap_prep(orig):
+        @functools.wraps(orig)
+        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens, *args, **kwargs):
+            out = orig(self, scheduler_output, num_scheduled_tokens, *args, **kwargs)
+            st = _state_of(self)
+            if st is not None:
+                n = self.input_batch.num_reqs
+                st.fill(self.input_batch.req_ids[:n], num_scheduled_tokens[:n])
+            return out
+
+        return _prepare_inputs
+
+    def wrap_dummy(orig):
+        @functools.wraps(orig)
+        def _dummy_run(self, *args, **kwargs):
+            st = _state_of(self)
+            if st is not None:
+                st.dummy_forward()
+            return orig(self, *args, **kwargs)
+
+        return _dummy_run
+
+    mark("V1 GPUModelRunner.execute_model", GPUModelRunner, "execute_model", wrap_exec)
+    mark("V1 GPUModelRunner._dummy_run", GPUModelRunner, "_dummy_run", wrap_dummy)
+    mark("V1 GPUModelRunner.sample_tokens", GPUModelRunner, "sample_tokens", _wrap_sample)
+    mark("V1 GPUModelRunner._prepare_inputs", GPUModelRunner, "_prepare_inputs", wrap_prep)
+
+
+def patch_v2_runner() -> None:
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
+    except Exception as e:  # V2 needs Triton; CPU builds run V1
+        logger.debug("vllm_xmix: V2 model runner not importable here (%s)", e)
+        return
+
+    def wrap_exec(orig):
+        @functools.wraps(orig)
+        def execute_model(self, scheduler_output, *args, **kwargs):
+            dummy = kwargs.get("dummy_run", False)
+            if not dummy:
+                _pre_execute(self, scheduler_output)
+            elif _state_of(self) is not None:
+                _state_of(self).dummy_forward()
+            out = orig(self, scheduler_output, *args, **kwargs)
+            if not dummy:
+                out = _post_execute(self, out)
+            return out
+
+        return execute_model
+
+    def wrap_prep(orig):
+        @functools.wraps(orig)
+        def prepare_inputs(self, *args, **kwargs):
+            ib = orig(self, *args, **kwargs)
+            st = _state_of(self)
+            if st is not None:
+                st.fill(ib.req_ids[: ib.num_reqs], ib.num_scheduled_tokens[: ib.num_reqs],
+                        n_padded=ib.num_tokens_after_padding)
+            return ib
+
+        return prepare_inputs
+
+    mark("V2 GPUModelRunner.execute_model", V2Runner, "execute_model", wrap_exec)
+    mark("V2 GPUModelRunner.sample_tokens", V2Runner, "sample_tokens", _wrap_sample)
+    mark("V2 GPUModelRunner.prepare_inputs", V2Runner, "prepare_inputs", wrap_prep)

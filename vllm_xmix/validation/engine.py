@@ -1,0 +1,99 @@
+"""Checks of a deployment against the engine it is deployed on, when vLLM configures the engine
+(in the front-end process, before any worker starts): architecture and hook points, layers and
+vector sizes, write magnitudes against the model's dtype, buffer sizes, and the engine features
+the runtime cannot serve (pipeline parallelism, speculative decoding, microbatching, sleep mode,
+Inductor freezing, sequence parallelism, a ``VLLM_PLUGINS`` that leaves the plugin out).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..hf_config import n_experts, text_config
+from ..runtime import RUNTIME_ID, check_buffer_bytes, engine_limits, graph_variant_settings
+from ..spec import CONFIG_KEY, XmixSpecError, parse_deployment, validate_deployment
+from .requests import check_write_magnitude
+
+
+def validate_engine_config(vllm_config) -> None:
+    """Check ``additional_config["xmix"]`` against the model and the engine features.
+
+    Raises:
+        ValueError (XmixSpecError): bad spec, unsupported architecture or feature.
+    """
+    from ..adapters import SUPPORTED_ARCHITECTURES
+
+    add = vllm_config.additional_config
+    if not isinstance(add, dict) or CONFIG_KEY not in add:
+        return
+    dep = parse_deployment(add[CONFIG_KEY])
+    mc = vllm_config.model_config
+    archs = list(getattr(mc, "architectures", None) or getattr(mc.hf_config, "architectures", []) or [])
+    if dep.apps and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise XmixSpecError(
+            f"additional_config.xmix: architecture {archs} is not supported by vllm-xmix "
+            f"(supported: {sorted(SUPPORTED_ARCHITECTURES)})"
+        )
+    adapter = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    for ai, app in enumerate(dep.apps):
+        for oi, op in enumerate(app.ops):
+            if adapter is not None and op.hook not in adapter.HOOKS:
+                raise XmixSpecError(
+                    f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}.hook: {op.hook!r} is not "
+                    f"available on {archs[0]} (available: {', '.join(adapter.HOOKS)})"
+                )
+    text = text_config(mc.hf_config)
+    validate_deployment(dep, text.num_hidden_layers, text.hidden_size, n_experts(text),
+                        getattr(text, "vocab_size", None))
+
+    for ai, app in enumerate(dep.apps):
+        check_write_magnitude(vllm_config, app.name, None, f"additional_config.xmix.apps.{ai}({app.name}).scale")
+
+    try:
+        graph_variant_settings()
+    except ValueError as e:
+        raise XmixSpecError(f"additional_config.xmix: {e}") from None
+
+    check_buffer_bytes(dep, text.num_hidden_layers, text.hidden_size, n_experts(text), *engine_limits(vllm_config))
+    token_cond = any(op.primitive == "write" and op.cond is not None and op.cond.buffer is None
+                     for app in dep.apps for op in app.ops)
+    if token_cond and getattr(mc, "enable_prompt_embeds", False):
+        raise XmixSpecError("additional_config.xmix: token conditions (cond(tokens=...) / cond(tokens_prev=...)) "
+                            "need the token ids inside the forward; with enable_prompt_embeds vLLM embeds "
+                            "outside it. Start the engine without enable_prompt_embeds")
+    ind = getattr(vllm_config.compilation_config, "inductor_compile_config", None) or {}
+    if ind.get("freezing"):
+        raise XmixSpecError("additional_config.xmix: inductor_compile_config freezing=True would inline the "
+                            "runtime's buffers (zeros at compile time) as constants; not supported")
+    if getattr(mc, "enable_sleep_mode", False):
+        raise XmixSpecError("additional_config.xmix: sleep mode is not supported (level 2 discards the "
+                            "runtime's device buffers along with the weights)")
+    pc = vllm_config.parallel_config
+    if pc.pipeline_parallel_size > 1:
+        raise XmixSpecError("additional_config.xmix: pipeline parallelism is not supported yet")
+    if vllm_config.speculative_config is not None:
+        raise XmixSpecError("additional_config.xmix: speculative decoding is not supported yet")
+    if getattr(pc, "enable_dbo", False) or getattr(pc, "ubatch_size", 0) > 1:
+        # vLLM's UBatchWrapper keeps its own CUDA graphs keyed by token count only: it would
+        # replay one hook variant's graphs for every other (the apps would silently do nothing)
+        raise XmixSpecError("additional_config.xmix: microbatching (dual-batch overlap, --ubatch-size > 1) "
+                            "is not supported")
+    pass_cfg = getattr(vllm_config.compilation_config, "pass_config", None)
+    if getattr(pass_cfg, "enable_sp", False):
+        raise XmixSpecError("additional_config.xmix: sequence parallelism shards the residual stream; not supported")
+    if envs_plugins_exclude_xmix():
+        raise XmixSpecError(
+            "additional_config.xmix: VLLM_PLUGINS is set and does not name 'xmix': the engine's "
+            "processes would not load vllm-xmix and the apps would silently do nothing"
+        )
+    # Canonical form (parsed and re-dumped), stamped with the runtime that builds the hooks: the
+    # dict is part of vLLM's config hash, so a torch.compile/AOT cache written by an engine
+    # without the plugin (or another plugin version) is never reused for this one.
+    dep.runtime = RUNTIME_ID
+    add[CONFIG_KEY] = dep.model_dump(mode="json", exclude_none=True)
+
+
+def envs_plugins_exclude_xmix() -> bool:
+
+    v = os.environ.get("VLLM_PLUGINS")
+    return v is not None and "xmix" not in [x.strip() for x in v.split(",")]

@@ -1,0 +1,150 @@
+"""Checks of one request's app selection against the engine's deployment, when the request is
+added (offline and over HTTP): names, scales, layers and router masks against what is deployed,
+write magnitudes against the model's dtype, and the request's prefix-cache salt (steered prefill
+KV must not be shared with unsteered requests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+
+from ..hf_config import text_config
+from ..spec import (CONFIG_KEY, XmixSpecError, check_request_against_deployment, check_router_masks, load_vector,
+                    parse_deployment, parse_request_apps, request_to_wire)
+
+
+#: projections (ablate, clamp) set the stream's projection on r to (1 - c) x.r + c value; x.r is
+#: taken to be at most this in size when checking that a scale c keeps the write in the dtype
+PROJ_SPAN = 64.0
+_DEP_CACHE: dict[int, tuple] = {}
+
+
+def _deployment_info(vllm_config):
+    """(deployment or None, {app name: content hash}, {app name: [(op index, deployed scale,
+    size)]}, write limit), parsed, hashed and measured once per engine config: per write op the
+    size a scale multiplies (max |finite vector entry| of an add / router bias; for a projection
+    see :func:`check_write_magnitude`), and the largest write the model's dtype holds with
+    headroom (``finfo(dtype).max / 256``).
+
+    Hashing an app serialises its vectors (milliseconds for d_model 4096): never per request."""
+    key = id(vllm_config)
+    hit = _DEP_CACHE.get(key)
+    if hit is not None and hit[0] is vllm_config:
+        return hit[1:]
+    import numpy as np
+    import torch
+
+
+    add = vllm_config.additional_config
+    dep = parse_deployment(add[CONFIG_KEY]) if isinstance(add, dict) and CONFIG_KEY in add else None
+    hashes = {a.name: a.content_hash() for a in dep.apps} if dep is not None else {}
+    sizes: dict[str, list[tuple[int, float, float]]] = {}
+    for app in (dep.apps if dep is not None else []):
+        for oi, op in enumerate(app.ops):
+            if op.primitive != "write":
+                continue
+            if op.kind in ("ablate", "clamp"):
+                size = abs(float(op.value or 0.0))
+            else:
+                v = load_vector(op.vector, f"{app.name}.ops.{oi}.vector", allow_neg_inf=op.kind == "router_bias")
+                v = v[np.isfinite(v)]
+                size = float(np.abs(v).max()) if v.size else 0.0
+            sizes.setdefault(app.name, []).append((oi, float(op.scale), size))
+    dtype = getattr(vllm_config.model_config, "dtype", None)
+    limit = float(torch.finfo(dtype if isinstance(dtype, torch.dtype) else torch.float32).max) / 256
+    _DEP_CACHE[key] = (vllm_config, dep, hashes, sizes, limit)
+    return dep, hashes, sizes, limit
+
+
+def _deployment_of(vllm_config):
+    """(deployment or None, {app name: content hash}): see :func:`_deployment_info`."""
+    return _deployment_info(vllm_config)[:2]
+
+
+def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field: str) -> None:
+    """A write whose size overflows the model's dtype puts inf/NaN into the KV cache, whose
+    blocks later requests reuse: refused. Size of an add / router bias: |scale| x max |vector
+    entry|; of a projection with coefficient c (the scale) and target value:
+    |1 - c| x ``PROJ_SPAN`` + |c| x |value| (ablation, c = 1, never grows the stream).
+
+    Raises:
+        XmixSpecError: naming the field, the size and the dtype's limit."""
+    dep, _, sizes, limit = _deployment_info(vllm_config)
+    for oi, deployed, size in sizes.get(app_name, ()):
+        c = deployed if scale is None else scale
+        if dep.app(app_name).ops[oi].kind in ("ablate", "clamp"):
+            big = abs(1.0 - c) * PROJ_SPAN + abs(c) * size
+        else:
+            big = abs(c) * size
+        if big > limit:
+            dtype = getattr(vllm_config.model_config, "dtype", "float32")
+            raise XmixSpecError(
+                f"{field}: app {app_name!r} op {oi} would write values up to {big:.3g} (scale {c:g}); "
+                f"the model's dtype {dtype} holds writes up to {limit:.3g} here: larger ones overflow to "
+                "inf/NaN, which would reach other requests through reused KV-cache blocks")
+
+
+def validate_request(vllm_config, params):
+    """Validate ``params.extra_args["xmix"]``; returns (canonical wire dict or None, salt or None).
+
+    Raises:
+        XmixSpecError (a ValueError) naming the field.
+    """
+    from vllm import SamplingParams
+
+    if not isinstance(params, SamplingParams):
+        return None, None
+    ea = params.extra_args
+    if not ea or CONFIG_KEY not in ea:
+        return None, None
+    return validate_selection(vllm_config, ea[CONFIG_KEY], getattr(params, "n", 1))
+
+
+def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
+    """Validate a request's app selection (``extra_args["xmix"]`` / ``vllm_xargs["xmix"]``)
+    against the engine's deployment; returns (canonical wire dict, cache salt or None). ``field``
+    is how errors name the selection (``mi_apps`` offline, ``vllm_xargs.xmix`` over HTTP).
+
+    Raises:
+        XmixSpecError (a ValueError) naming the field.
+    """
+    apps = parse_request_apps(raw, field=field)
+    if not apps:
+        return {"apps": []}, None
+    dep, hashes = _deployment_of(vllm_config)
+    if dep is None:
+        raise XmixSpecError(
+            f"{field}: app(s) {[a.name for a in apps]} requested but no apps are deployed on this "
+            "engine (start it with additional_config={'xmix': ...}, see vllm_xmix.deploy)"
+        )
+    n_layers = text_config(vllm_config.model_config.hf_config).num_hidden_layers
+    check_request_against_deployment(apps, dep, n_layers, field=field, hashes=hashes)
+    for i, ra in enumerate(apps):
+        if ra.scale != 0.0:  # (None: the deployed scales)
+            check_write_magnitude(vllm_config, ra.name, ra.scale, f"{field}[{i}].scale")
+    check_router_masks(apps, dep, n_layers, field=field)
+    wire = request_to_wire(apps)
+    # apps whose coefficients are all zero change nothing: they do not split the prefix cache
+    effective = []
+    reads_prompt = False
+    for i, ra in enumerate(apps):
+        app = dep.app(ra.name)
+        if ra.scale == 0:
+            continue
+        if app.has_reads and n > 1:
+            raise XmixSpecError(f"{field}[{i}]: app {ra.name!r} has reads; reads with n > 1 (parallel "
+                                f"sampling) are not supported (got n={n})")
+        reads_prompt |= app.reads_prompt()
+        # apps whose writes can land on prompt positions change the prompt's KV: salted by content;
+        # apps that write only at generated positions (cond positions="generated") keep sharing
+        scales = [op.scale if ra.scale is None else ra.scale for op in app.ops if op.primitive == "write"]
+        if app.changes_prompt_kv() and any(s != 0.0 for s in scales):
+            effective.append({"app": hashes[ra.name], "scale": ra.scale, "layers": ra.layers})
+    salt = None
+    if effective:
+        salt = "xmix:" + hashlib.sha256(json.dumps(effective, sort_keys=True).encode()).hexdigest()[:24]
+    if reads_prompt:  # values at every prompt position: the prompt must be computed, never a cache hit
+        salt = f"{salt or 'xmix'}:read-{uuid.uuid4().hex}"
+    return wire, salt
