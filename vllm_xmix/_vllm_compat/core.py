@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import importlib
+import logging
 import re
+
+logger = logging.getLogger("vllm.xmix")
 
 SUPPORTED_VLLM = ((0, 26, 0), (0, 27, 0))  # [min, max)
 _PATCHED: list[str] = []  # what apply_patches has patched, in order
@@ -42,3 +46,14 @@ def mark(name: str, target, attr: str, wrapper) -> None:
     new.__wrapped__ = orig
     setattr(target, attr, new)
     _PATCHED.append(name)
+
+
+def optional_import(module: str, *names: str) -> tuple | None:
+    """``names`` from the vLLM module ``module``, or None where it does not import here (the V2
+    model runner's modules need Triton: CPU builds run V1)."""
+    try:
+        mod = importlib.import_module(module)
+        return tuple(getattr(mod, n) for n in names)
+    except Exception as e:
+        logger.debug("vllm_xmix: %s not importable here (%s)", module, e)
+        return None

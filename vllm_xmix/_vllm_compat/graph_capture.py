@@ -5,12 +5,9 @@
 from __future__ import annotations
 
 import functools
-import logging
 
 from ..runtime import STATE_KEY
-from .core import mark
-
-logger = logging.getLogger("vllm.xmix")
+from .core import mark, optional_import
 
 
 def _state_of_config(vllm_config):
@@ -94,11 +91,10 @@ def patch_graph_variants() -> None:
 
     mark("V1 GPUModelRunner._warmup_and_capture", GPUModelRunner, "_warmup_and_capture", wrap_v1_capture)
 
-    try:
-        from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager, ModelCudaGraphManager
-    except Exception as e:  # V2 needs Triton; CPU builds run V1
-        logger.debug("vllm_xmix: V2 graph manager not importable here (%s)", e)
+    found = optional_import("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager", "ModelCudaGraphManager")
+    if found is None:
         return
+    CudaGraphManager, ModelCudaGraphManager = found
 
     def wrap_v2_capture(orig):
         @functools.wraps(orig)

@@ -12,12 +12,9 @@ CPU runner) and V2 (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``):
 from __future__ import annotations
 
 import functools
-import logging
 
 from ..runtime import STATE_KEY
-from .core import mark
-
-logger = logging.getLogger("vllm.xmix")
+from .core import mark, optional_import
 
 
 def _state_of(runner):
@@ -121,11 +118,10 @@ def patch_v1_runner() -> None:
 
 
 def patch_v2_runner() -> None:
-    try:
-        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
-    except Exception as e:  # V2 needs Triton; CPU builds run V1
-        logger.debug("vllm_xmix: V2 model runner not importable here (%s)", e)
+    found = optional_import("vllm.v1.worker.gpu.model_runner", "GPUModelRunner")
+    if found is None:
         return
+    (V2Runner,) = found
 
     def wrap_exec(orig):
         @functools.wraps(orig)

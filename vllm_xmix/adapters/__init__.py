@@ -1,14 +1,14 @@
 """Per-architecture adapters: where each TransformerLens hook point lives in a vLLM model.
 
-Each adapter module exposes ``ARCHITECTURES`` (HF architecture names it serves), ``HOOKS`` (the
-TransformerLens hook names it can attach to), ``layer_classes()``
-(the vLLM decoder-layer classes, resolved lazily), ``install(layer, state, layer_idx)``, and
-``model_classes()`` / ``install_model(model, state)`` for model-level hooks (the token embedding).
+Each family's module declares its ``ADAPTER`` (:class:`.base.DecoderAdapter`): the HF
+architecture names it serves, the vLLM decoder-layer and model classes (resolved lazily), the
+TransformerLens hook names it can attach to and where they live in the layer.
 ``SUPPORTED_ARCHITECTURES`` is checked at engine start: an app deployed on any other architecture
 is an error, never a silent no-op.
 """
 
 from . import llama, mixtral, qwen3
+from .base import DecoderAdapter
 
-ADAPTERS = (llama, qwen3, mixtral)
-SUPPORTED_ARCHITECTURES: dict[str, object] = {a: m for m in ADAPTERS for a in m.ARCHITECTURES}
+ADAPTERS: tuple[DecoderAdapter, ...] = (llama.ADAPTER, qwen3.ADAPTER, mixtral.ADAPTER)
+SUPPORTED_ARCHITECTURES: dict[str, DecoderAdapter] = {a: ad for ad in ADAPTERS for a in ad.architectures}

@@ -37,7 +37,7 @@ import functools
 import torch
 
 from ..kernels.row_write import ADD, PROJ
-from ..runtime.layout import MODULE_BUFFERS, RESIDUAL_HOOKS
+from ..runtime.layout import MODULE_BUFFERS
 
 
 def _fused_writes(module: torch.nn.Module, t: torch.Tensor, other: torch.Tensor | None,

@@ -11,16 +11,10 @@ import functools
 
 import torch
 
-from ._residual import RESIDUAL_HOOKS, install_residual_hooks, install_token_hook
+from ..runtime.layout import RESIDUAL_HOOKS
+from .base import DecoderAdapter
 
-ARCHITECTURES = ("MixtralForCausalLM",)
-HOOKS = RESIDUAL_HOOKS + ("mlp.hook_router_logits",)
-
-
-def layer_classes() -> tuple[type, ...]:
-    from vllm.model_executor.models.mixtral import MixtralDecoderLayer
-
-    return (MixtralDecoderLayer,)
+ROUTER_HOOK = "mlp.hook_router_logits"
 
 
 def _router_hook(site: int, module, args, output):
@@ -29,20 +23,13 @@ def _router_hook(site: int, module, args, output):
     return output
 
 
-def install(layer: torch.nn.Module, state, layer_idx: int) -> None:
-    install_residual_hooks(layer, state, layer_idx, mlp="block_sparse_moe")
-    site = state.site_id(layer_idx, "mlp.hook_router_logits")
+def _install_router_hook(layer: torch.nn.Module, state, layer_idx: int) -> None:
+    site = state.site_id(layer_idx, ROUTER_HOOK)
     if site is not None:
         layer.block_sparse_moe.gate.register_forward_hook(functools.partial(_router_hook, site))
         state.installed.add(site)
 
 
-def model_classes() -> tuple[type, ...]:
-    from vllm.model_executor.models.mixtral import MixtralModel
-
-    return (MixtralModel,)
-
-
-def install_model(model: torch.nn.Module, state) -> None:
-    """Model-level hooks (after the layers are built): the token embedding, for token conditions."""
-    install_token_hook(model, state)
+ADAPTER = DecoderAdapter(("MixtralForCausalLM",), "vllm.model_executor.models.mixtral", "MixtralDecoderLayer",
+                         "MixtralModel", hooks=RESIDUAL_HOOKS + (ROUTER_HOOK,), mlp="block_sparse_moe",
+                         extra_hooks=_install_router_hook)

@@ -37,10 +37,10 @@ def validate_engine_config(vllm_config) -> None:
     adapter = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     for ai, app in enumerate(dep.apps):
         for oi, op in enumerate(app.ops):
-            if adapter is not None and op.hook not in adapter.HOOKS:
+            if adapter is not None and op.hook not in adapter.hooks:
                 raise XmixSpecError(
                     f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}.hook: {op.hook!r} is not "
-                    f"available on {archs[0]} (available: {', '.join(adapter.HOOKS)})"
+                    f"available on {archs[0]} (available: {', '.join(adapter.hooks)})"
                 )
     text = text_config(mc.hf_config)
     validate_deployment(dep, text.num_hidden_layers, text.hidden_size, n_experts(text),
