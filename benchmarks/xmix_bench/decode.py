@@ -243,7 +243,7 @@ def _to_latest(plain: dict, x: dict, paths: list[str], args) -> str:
     deployed = f"steer_all@{x.get('scale', 0.5):g}"
     apps = x.get("apps") or ["steer_all"] + [n for n in names if n in common.APP_NAMES and n != "steer_all"]
     n_runs = len(next(iter(next(iter(dec.values())).values()))["runs"])
-    workload = (f"decode step: 32-token prompts, 256 output tokens, batch 1 / 8 / 64, median of {n_runs} runs after "
+    workload = (f"32-token prompts, 256 output tokens, batch 1 / 8 / 64, median of {n_runs} runs after "
                 f"a warm-up; apps deployed: {', '.join(apps)}; fused_writes={x.get('fused_writes', 'none')}")
     done = []
     for name in names:

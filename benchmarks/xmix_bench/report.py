@@ -62,6 +62,7 @@ def add_arguments(p) -> None:
     p.add_argument("--date", help="with --add-serve: the date measured, where the runs record none")
     p.add_argument("--command", default="", help="with --add-serve: the command that measured")
     p.add_argument("--fused-writes", help="with --add-serve: the deployment's fused_writes (named in the workload)")
+    p.add_argument("--workload", help="with --add-serve: what was run, instead of the runs' title")
     p.add_argument("--source", default="", help="with --add-serve: where the numbers come from")
 
 
@@ -102,7 +103,7 @@ def add_serve(args) -> str:
     model = args.model_name or common.model_name(runs[0].get("title", "").split(",")[0])
     return serve.to_latest(args.latest, runs, model, rates=args.rates.split(",") if args.rates else None,
                            configs=args.configs.split(",") if args.configs else None, command=args.command,
-                           fused_writes=args.fused_writes, commit=args.commit, date=args.date,
+                           fused_writes=args.fused_writes, commit=args.commit, date=args.date, title=args.workload,
                            source=args.source or f"{args.add_serve}/results.json")
 
 
@@ -202,14 +203,9 @@ def _status(verdicts: list, missing: list) -> str:
     unsure = list(dict.fromkeys(LABELS[m] for m, v in verdicts if v == "unsure"))
     if not verdicts:
         return NM
-    if failed:
-        s = "missed: " + ", ".join(failed)
-    elif unsure:
-        s = "unresolved: " + ", ".join(unsure)
-    else:
-        s = "met"
-    if missing and not failed:
-        s += f" ({', '.join(LABELS[m] for m in missing)} {NM})"
+    s = "missed: " + ", ".join(failed) if failed else "unresolved: " + ", ".join(unsure) if unsure else "met"
+    if missing:
+        s += f"; {NM}: " + ", ".join(LABELS[m] for m in missing)
     return s
 
 
@@ -224,7 +220,7 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
     rows = [f"### {name}", "", head, "|" + "---|" * 9]
     used: dict = {}  # (workload, commit, date, command, source) -> what it was used for
     for label, configs, metrics, bound in BUDGETS:
-        for cfg in configs:
+        for i, cfg in enumerate(configs):
             entries = pick(model, cfg)
             shown = {k: v for k, v in entries.items() if (k == "latency" and set(LATENCY) & set(metrics))
                      or (k in metrics)}
@@ -233,7 +229,7 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
                 what = {"latency": f"latency ({key.replace('=', ' ')})", "throughput": "throughput (saturation)",
                         "decode": "decode step"}[kind]
                 used.setdefault(_source_key(e), {}).setdefault(what, []).append(cfg)
-            rows.append(f"| {label} | {cfg} | " + " | ".join(cells[m] for m in COLUMNS)
+            rows.append(f"| {label if i == 0 else ''} | {cfg} | " + " | ".join(cells[m] for m in COLUMNS)
                         + f" | {_status(verdicts, missing)} | {_measured(shown.values())} |")
     dash = " | ".join("–" for _ in COLUMNS)
     st = model.get("startup")

@@ -12,7 +12,7 @@ FULL_AND_PIECEWISE CUDA graphs, prefix caching, chunked prefill.
 Actions (so that short GPU access counts: start the servers once, run rounds in later commands):
 
 * ``start``: builds the serving folder under ``--out``, starts the two servers one after the
-  other in their own sessions (``start_new_session``: they outlive this command), waits until
+  other with ``setsid`` (so that they outlive this command), waits until
   both answer, and records in ``<out>/servers.json`` and latest.json their start-up time (launch
   to the first answer of ``/health``) and CUDA-graph capture (seconds, GiB, from the logs).
 * ``rounds``: against the running servers: for each ``--rates`` rate, ``--warmup`` discarded
@@ -139,7 +139,7 @@ def main(args) -> int:
         return 0
     if args.action == "rounds":
         return rounds(args)
-    # all: the servers run in their own sessions and would outlive a SIGTERM (e.g. `timeout`)
+    # all: the servers run under their own setsid and would outlive a SIGTERM (e.g. `timeout`)
     # of this process; the handler ends it through the finally below, which stops them
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
@@ -242,7 +242,7 @@ def write_sweep_files(out: str, st: dict, dataset_args: list[str], configs: dict
 
 
 class Server:
-    """One ``vllm serve`` in its own session (process group = its pid)."""
+    """One ``vllm serve`` started with setsid (its process group id is its pid)."""
 
     def __init__(self, name: str, port: int, log: str, pid: int):
         self.name, self.port, self.log, self.pid = name, port, log, pid
@@ -253,8 +253,9 @@ class Server:
         cmd = common.TOOL + ["vllm", "serve", serving_dir, "--port", str(port), "--host", "127.0.0.1",
                              "--load-format", "dummy"] + args
         with open(log, "w") as f:
+            # setsid in the child: the server outlives this command (the next commands run rounds)
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=common.REPO,
-                                    start_new_session=True)
+                                    preexec_fn=os.setsid)
         s = cls(name, port, log, proc.pid)
         s.proc = proc
         return s
@@ -393,9 +394,8 @@ def _dataset(args, st: dict) -> tuple[list[str], str]:
     path = os.path.join(os.path.abspath(args.out), f"sharegpt_{args.num_prompts}_{args.output_len}_{args.max_prompt_len}.json")
     if not os.path.exists(path):
         build_sharegpt(path, args.num_prompts, st["vocab_size"], output_len=args.output_len, max_len=args.max_prompt_len)
-    title = f"{os.path.basename(st['model'])}, {args.num_prompts} prompts, {args.output_len} output tokens"
-    if args.max_prompt_len != 1024:
-        title += f", prompts <= {args.max_prompt_len} tokens"
+    title = (f"{os.path.basename(st['model'])}, ShareGPT-like prompt lengths (LogNormal(5.0, 0.9), 4-"
+             f"{args.max_prompt_len} tokens), {args.num_prompts} prompts, {args.output_len} output tokens")
     return ["--dataset-name", "sharegpt", "--dataset-path", path, "--sharegpt-output-len", str(args.output_len)], title
 
 
@@ -529,18 +529,19 @@ def profile_run(out: str, servers: dict, st: dict, config, name: str, dataset_ar
 
 def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setup: str = "", command: str = "",
               fused_writes: str | None = None, commit: str | None = None, date: str | None = None,
-              source: str = "") -> str:
+              source: str = "", title: str | None = None) -> str:
     """Per (rate, workload) and configuration: each metric's median ratio to vanilla and its
     range over rounds, into latest.json (``serve[config]["rate=R"]``)."""
     done = []
-    for (rate, title), by_config in common.serve_groups(runs).items():
+    for (rate, group_title), by_config in common.serve_groups(runs).items():
         if rates is not None and rate not in rates:
             continue
         for cfg, stats in common.serve_ratios(by_config).items():
             if configs is not None and cfg not in configs:
                 continue
             rounds_ = [by_config[cfg][i] for i in sorted(by_config[cfg])]
-            workload = f"{title}, rate {rate}, {stats.pop('rounds')} interleaved rounds"
+            n = stats.pop("rounds")
+            workload = f"{title or group_title}, rate {rate}, " + ("1 round" if n == 1 else f"{n} interleaved rounds")
             if fused_writes:
                 workload += f", fused_writes={fused_writes}"
             entry = {**stats, "commit": commit or rounds_[-1].get("commit") or "unknown",
