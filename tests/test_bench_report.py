@@ -1,0 +1,140 @@
+"""The benchmark tool's report: RESULTS.md's Current block generated from a latest.json.
+
+No engine: a small latest.json written here, the real `report` subcommand run on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.xmix_bench import common, report, serve  # noqa: E402
+from benchmarks.xmix_bench.__main__ import main  # noqa: E402
+
+MODEL = "Llama-3.1-8B"
+HISTORY = "## History\n\n### 2026-11-29: something measured (abc1234)\n\nA finding.\n"
+
+
+def _stat(ratio, lo=None, hi=None, n=1):
+    s = {"ratio": ratio, "n": n}
+    if lo is not None:
+        s.update(min=lo, max=hi)
+    return s
+
+
+def _entry(commit, date, **metrics):
+    return {**metrics, "commit": commit, "date": date, "workload": "rate 16, 3 rounds", "command": "serve rounds ..."}
+
+
+LATEST = {"models": {MODEL: {
+    "serve": {
+        "inactive": {"rate=16": _entry("c1", "2026-12-01", mean_itl=_stat(0.999), p99_itl=_stat(0.99),
+                                       mean_ttft=_stat(1.002)),
+                     "rate=inf": _entry("c0", "2026-11-30", throughput=_stat(1.0, 0.998, 1.001, 3))},
+        "steer_all": {"rate=16": _entry("c1", "2026-12-01", mean_itl=_stat(1.04, 1.03, 1.05, 3),
+                                        p99_itl=_stat(1.005, 0.98, 1.02, 3), mean_ttft=_stat(1.0, 0.99, 1.005, 3)),
+                      "rate=inf": _entry("c0", "2026-11-30", throughput=_stat(0.99, 0.97, 1.01, 2))},
+        "probe_one": {"rate=16": _entry("c1", "2026-12-01", mean_itl=_stat(1.005), p99_itl=_stat(1.0),
+                                        mean_ttft=_stat(1.009))},
+        "steer_all_K256": {"rate=inf": _entry("c0", "2026-11-30", throughput=_stat(0.97, 0.96, 0.975, 2))},
+    },
+    "decode": {"inactive": _entry("c0", "2026-11-30", batch={b: _stat(1.001, 0.999, 1.002, 4) for b in ("1", "8", "64")})},
+    "startup": _entry("c1", "2026-12-01", plain_s=80.0, xmix_s=100.0, ratio=1.25),
+}}}
+
+
+def _files(tmp_path, latest=LATEST):
+    lp, md = tmp_path / "latest.json", tmp_path / "RESULTS.md"
+    lp.write_text(json.dumps(latest))
+    md.write_text("# Benchmark results\n\n" + HISTORY)
+    return str(lp), str(md)
+
+
+def _run(lp, md, *extra) -> int:
+    return main(["report", "--latest", lp, "--results-md", md, *extra])
+
+
+def _row(text: str, config: str) -> str:
+    rows = [line for line in text.splitlines() if line.startswith("|") and f"| {config} |" in line]
+    assert len(rows) == 1, (config, rows)
+    return rows[0]
+
+
+def test_block_has_a_row_per_configuration_and_marks_what_was_not_measured(tmp_path):
+    lp, md = _files(tmp_path)
+    assert _run(lp, md) == 0
+    text = open(md).read()
+    assert text.startswith("# Benchmark results\n\n## Current\n")
+    assert text.rstrip().endswith(HISTORY.rstrip())  # the history below is kept as it was
+    for _, configs, _, _ in report.BUDGETS:
+        for cfg in configs:
+            _row(text, cfg)
+    assert text.count(f"### {MODEL}") == 1
+    # measured: values with their range and a status against the bound
+    steer = _row(text, "steer_all")
+    assert "+4.0% [+3.0, +5.0]" in steer and "missed: mean ITL" in steer and "c1 2026-12-01; c0 2026-11-30" in steer
+    inactive = _row(text, "inactive")
+    assert "-0.10%" in inactive and "+0.10 / +0.10 / +0.10%" in inactive and "| met |" in inactive
+    assert "met; not measured: throughput, decode step" in _row(text, "probe_one")
+    assert "missed: throughput" in _row(text, "steer_all_K256")
+    assert "met: 100 s vs 80 s (1.25x)" in _row(text, "server start-up")
+    # never measured: every cell of the row, and the graph-memory line
+    ablate = _row(text, "ablate_all")
+    assert ablate.count("not measured") == 6, ablate
+    assert "| not measured | – |" in _row(text, "all_apps")
+    assert "| not measured | – |" in _row(text, "CUDA-graph capture")
+    assert "Qwen3-8B, Mixtral-8x7B: not measured." in text
+
+
+def test_report_is_idempotent_and_check_sees_a_stale_block(tmp_path):
+    lp, md = _files(tmp_path)
+    assert _run(lp, md) == 0
+    first = open(md).read()
+    assert _run(lp, md) == 0
+    assert open(md).read() == first
+    assert _run(lp, md, "--check") == 0
+    data = json.loads(open(lp).read())
+    data["models"][MODEL]["serve"]["seal"] = {"rate=16": _entry("c2", "2026-12-02", mean_itl=_stat(1.02),
+                                                                p99_itl=_stat(1.0), mean_ttft=_stat(1.0))}
+    open(lp, "w").write(json.dumps(data))
+    assert _run(lp, md, "--check") == 1
+    assert open(md).read() == first  # --check writes nothing
+    assert _run(lp, md) == 0
+    assert "missed: mean ITL" in _row(open(md).read(), "seal")
+
+
+def test_merge_and_serving_runs_update_latest(tmp_path):
+    lp, md = _files(tmp_path)
+    # a serve folder's results.json: vanilla and inactive in 3 rounds, ratios paired by round
+    runs = []
+    for rnd, (van, ina) in enumerate(((5.0, 5.05), (5.2, 5.2), (5.1, 5.0)), start=1):
+        for cfg, itl in (("vanilla", van), ("inactive", ina)):
+            runs.append({"rate": "16", "round": rnd, "config": cfg, "title": "llama31_8b, 400 prompts",
+                         "commit": "c3", "date": "2026-12-03",
+                         "result": {"mean_itl_ms": itl, "p99_itl_ms": 2 * itl, "mean_ttft_ms": 30.0,
+                                    "total_token_throughput": 5000.0}})
+    out = tmp_path / "serve-llama"
+    out.mkdir()
+    common.write_json(str(out / "results.json"), runs)
+    assert main(["report", "--latest", lp, "--results-md", md, "--add-serve", str(out)]) == 0
+    e = json.loads(open(lp).read())["models"][MODEL]["serve"]["inactive"]["rate=16"]
+    assert e["mean_itl"] == {"ratio": 1.0, "min": round(5.0 / 5.1, 5), "max": 1.01, "n": 3}
+    assert (e["commit"], e["date"]) == ("c3", "2026-12-03")
+    assert "3 interleaved rounds" in e["workload"]
+    assert e["throughput"]["ratio"] == 1.0 and "rate=inf" in json.loads(open(lp).read())["models"][MODEL][
+        "serve"]["inactive"]  # the saturation entry stays
+    assert "c3 2026-12-03" in _row(open(md).read(), "inactive")
+    # another latest.json (e.g. written on the GPU machine) replaces what it measured, nothing else
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"models": {MODEL: {"graph_memory": _entry("c4", "2026-12-04", plain_gib=1.0,
+                                                                              xmix_gib=2.5)}}}))
+    assert _run(lp, md, "--merge", str(other)) == 0
+    merged = json.loads(open(lp).read())["models"][MODEL]
+    assert merged["graph_memory"]["xmix_gib"] == 2.5 and merged["startup"]["xmix_s"] == 100.0
+    assert "missed: 2.5 vs 1 GiB (+1.50 GiB)" in _row(open(md).read(), "CUDA-graph capture")
+    assert serve.configs_for(["steer_all", "router_mask"])["all_apps"] == ("xmix", ["steer_all"])
