@@ -1,4 +1,4 @@
-"""Conditional writes (issue 4) on real vLLM (CPU, fp32, tiny Llama) against HF-transformers
+"""Conditional writes on real vLLM (CPU, fp32, tiny Llama) against HF-transformers
 references with plain PyTorch hooks: SEAL-style token-triggered steering (current / previous
 token in a set, all or generated positions) and CAST-style activation-triggered steering (a
 cosine-similarity read at layer 0 decides writes at layers 2-3, per token or per request from the

@@ -149,7 +149,7 @@ def test_ablate_and_clamp_each_hook_equal_hf(arch_engine):
 
 def test_compiled_projections_run_inside_the_graph(arch_engine, monkeypatch):
     """With ``fused_writes="all"``, unconditional ablations and clamps at residual-stream sites
-    are torch ops inside the compiled graph (``XmixState.site_fused``): no row-write kernel of
+    are torch ops inside the compiled graph (``DeviceLayout.site_fused``): no row-write kernel of
     ours runs for them; with ``"adds"``, the default ``"none"`` and in eager runs the op runs them. All equal
     HF. Counted at the kernel entry point."""
     import vllm_xmix.ops as ops
@@ -170,7 +170,7 @@ def test_an_app_runs_only_its_own_entries_at_a_shared_site(arch_engine, monkeypa
     """blocks.2.hook_resid_post carries "post" (an add), "clamp_post" (a projection) and the
     captures of "rd_pos": a request with "post" alone applies its own add there (with the row
     kernel, the site's kernel in every variant) but not the clamp's entry nor the captures
-    (``XmixState.site_plan``: entries of apps that are off for every token of the step are left
+    (``GraphVariants.site_plan``: entries of apps that are off for every token of the step are left
     out), and equals HF; with "rd_pos" on too, the captures run. Counted at the kernels' entry
     points (the CPU's reference kernels; no CUDA graphs here, so no variant nesting)."""
     import vllm_xmix.ops as ops

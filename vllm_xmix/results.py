@@ -1,7 +1,7 @@
 """Read results of one request, assembled in the front end: ``RequestOutput.mi_results``.
 
 Values arrive in chunks (``(app, name, layer, positions, pos0, n, width, float32 bytes)``, one per
-read entry and step, see ``XmixState.reads_of``) and are placed by **absolute position**, so
+read entry and step, see ``ReadTransport.reads_of``) and are placed by **absolute position**, so
 prefill chunks in any order of arrival, recompute after preemption (the same positions again:
 the later value replaces the earlier) and async scheduling give one value per position.
 

@@ -16,7 +16,7 @@ def _state_of_config(vllm_config):
 
 
 def patch_graph_variants() -> None:
-    """CUDA graphs captured once per hook variant (``XmixState.graph_variants``: without any hook
+    """CUDA graphs captured once per hook variant (``GraphVariants.graph_variants``: without any hook
     op, with the ops of one deployed app, with every op), the way vLLM specializes graphs on LoRA
     (``cudagraph_specialize_lora``); a step where no token has an app on replays the graphs
     without them, so deployed-but-off apps launch nothing, and a step with one app on launches
@@ -32,9 +32,9 @@ def patch_graph_variants() -> None:
 
     A wrapper never called during a variant capture keeps its single table (the hook ops are
     then captured, and run, in every step: correct, only not free). The ops themselves return
-    without launching when their site is not in the variant's run mask (``XmixState.runs``),
+    without launching when their site is not in the variant's run mask (``GraphVariants.site_plan``),
     which is what each variant's graphs record. ``VLLM_USE_BREAKABLE_CUDAGRAPH`` keeps its own graph tables: variants are
-    turned off there (``XmixState.build``)."""
+    turned off there (``GraphVariants.variants_enabled``)."""
     from vllm.compilation.cuda_graph import CUDAGraphWrapper
 
     def wrap_call(orig):

@@ -2,9 +2,9 @@
 CPU runner) and V2 (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``):
 
 * ``execute_model``: before, the request registry follows the scheduler output and the hook
-  self-check runs; after, the step's read values are copied out (``XmixState.snapshot``);
+  self-check runs; after, the step's read values are copied out (``ReadTransport.snapshot``);
 * ``_prepare_inputs`` (V1) / ``prepare_inputs`` (V2): after, the per-token fill of the device
-  tables for this step's batch (``XmixState.fill``);
+  tables for this step's batch (``StepFill.fill``);
 * ``_dummy_run`` (V1) / ``execute_model(dummy_run=True)`` (V2): the slot table is cleared;
 * ``sample_tokens``: the step's read values ride on its ``ModelRunnerOutput`` as
   ``xmix_reads`` (for async outputs, when ``get_output()`` runs)."""
@@ -41,7 +41,7 @@ def _post_execute(runner, out):
 
 def _attach_reads(runner, out):
     """Give the step's read values to its output (``ModelRunnerOutput.xmix_reads``: ``{req_id:
-    [chunk, ...]}``, see ``XmixState.reads_of``); for an async output when ``get_output()`` runs."""
+    [chunk, ...]}``, see ``ReadTransport.reads_of``); for an async output when ``get_output()`` runs."""
     st = _state_of(runner)
     if st is None:
         return out

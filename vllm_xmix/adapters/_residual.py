@@ -44,7 +44,7 @@ def _fused_writes(module: torch.nn.Module, t: torch.Tensor, other: torch.Tensor 
                   spec: tuple[tuple[int, int, float, int], ...]) -> torch.Tensor:
     """``t`` [T, D] with the unconditional writes ``spec`` (``(entry, kind, value, column)`` in
     the site's order) of this site applied, as torch ops; each token's coefficient of an entry is
-    ``tok_fc[t, column]`` (written per step by ``XmixState.fill``: one load, not a gather through
+    ``tok_fc[t, column]`` (written per step by ``StepFill.fill``: one load, not a gather through
     the token's slot). Adds only: the semantics of
     :func:`..kernels.steer_add.steer_add_reference` (float32 accumulation, one rounding, rows
     whose coefficients are all 0 untouched); with projections (directional ablation, clamp):
@@ -95,7 +95,7 @@ def _write(module, t: torch.Tensor, other: torch.Tensor | None, site: int,
     compiled = bool(spec) and torch.compiler.is_compiling() and not _freezing()
     if compiled:
         t = _fused_writes(module, t, other, spec)
-    # the op learns which fused writes this graph applied (0: none) and checks them (XmixState.runs)
+    # the op learns which fused writes this graph applied (0: none) and checks them (GraphVariants.site_plan)
     torch.ops.vllm_xmix.hook_write_(t, other, site, fid if compiled else 0)
     return t
 

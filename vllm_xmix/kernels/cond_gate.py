@@ -1,4 +1,4 @@
-"""Conditions of conditional writes (issue 4): the per-token gate and the token bookkeeping at the
+"""Conditions of conditional writes: the per-token gate and the token bookkeeping at the
 embedding, each Triton implementation beside its torch reference.
 
 Gate of write entry ``e`` for token ``t`` (``s = tok_slot[t]``, ``pos = tok_pos[t]``,

@@ -454,7 +454,7 @@ class DeploymentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     apps: list[AppSpec] = Field(default_factory=list)
-    #: see the class docstring (trade-off, measured costs: benchmarks/RESULTS.md, fourth session);
+    #: see the class docstring (trade-off, measured costs: benchmarks/RESULTS.md);
     #: "adds" suits deployments where most requests steer
     fused_writes: Literal["adds", "all", "none"] = "none"
     #: set by the plugin at engine configuration (``"vllm-xmix <version>"``); keys the compile cache
