@@ -360,13 +360,20 @@ def start(args, profiler: bool | None = None) -> dict:
     plans = (("vanilla", args.port, server_args + prof_args.get("vanilla", []), dict(os.environ, VLLM_PLUGINS="")),
              ("xmix", args.port + 1, server_args + ["--config", xmix_cfg] + prof_args.get("xmix", []),
               dict(os.environ)))
-    for name, port, sargs, env in plans:
-        s = Server.launch(name, serving, port, os.path.join(out, f"{name}.log"), sargs, env)
-        st["servers"][name] = s.record()
-        common.write_json(os.path.join(out, STATE), st)  # a cut start-up still knows what to stop
-        st["servers"][name].update(startup_s=round(s.wait(args.start_timeout), 1), **graph_capture(s.log))
-        common.write_json(os.path.join(out, STATE), st)
-        print(f"{name} server up: {st['servers'][name]}", flush=True)
+    launched = []
+    try:
+        for name, port, sargs, env in plans:
+            s = Server.launch(name, serving, port, os.path.join(out, f"{name}.log"), sargs, env)
+            launched.append(s)
+            st["servers"][name] = s.record()
+            common.write_json(os.path.join(out, STATE), st)  # a cut start-up still knows what to stop
+            st["servers"][name].update(startup_s=round(s.wait(args.start_timeout), 1), **graph_capture(s.log))
+            common.write_json(os.path.join(out, STATE), st)
+            print(f"{name} server up: {st['servers'][name]}", flush=True)
+    except BaseException:
+        for s in launched:  # a failed start leaves nothing running
+            s.stop()
+        raise
     if not args.no_latest:
         _latest_startup(args.latest, st)
     return st
