@@ -196,7 +196,8 @@ def compare(paths: list[str], args=None) -> str:
 
     def cmp(label, a, b):
         s, n, fd = _eq(a, b)
-        lines.append(f"{label}: {s}/{n} prompts identical" + (f" (first divergence at tokens {sorted(fd)[:10]})" if fd else ""))
+        lines.append(f"{label}: {s}/{n} prompts identical"
+                     + (f" (first divergence at tokens {sorted(fd)[:10]})" if fd else ""))
 
     g_plain, g_x = R.get(("plain", False)), R.get(("xmix", False))
     e_plain, e_x = R.get(("plain", True)), R.get(("xmix", True))

@@ -275,8 +275,6 @@ def compare(a: dict, b: dict, la: str = "A", lb: str = "B") -> str:
 
 def host_steps(batch: int, tokens: int, configs: str) -> int:
     """cProfile per configuration of an in-process eager engine (see the module docstring)."""
-    import numpy as np
-
     names = configs.split(",")
     model = common.write_model_config(tempfile.mkdtemp(prefix="xmix-host-"), layers=4)
     cfg = common.load_config(model)
@@ -308,7 +306,8 @@ def host_steps(batch: int, tokens: int, configs: str) -> int:
         print(f"  {name:10s} steps {steps:4d}  wall/step {wall / steps * 1e3:7.3f}  "
               f"vllm_xmix self time/step {own / steps * 1e3:7.3f}  ({own / wall * 100:.1f}% of wall)")
         for tt, ct, nc, label in sorted(ours, reverse=True)[:5]:
-            print(f"      {tt / steps * 1e3:7.4f} ms/step self, {ct / steps * 1e3:7.4f} cumulative, {nc:6d} calls  {label}")
+            print(f"      {tt / steps * 1e3:7.4f} ms/step self, {ct / steps * 1e3:7.4f} cumulative, "
+                  f"{nc:6d} calls  {label}")
         entry = ("(fill)", "(update_requests)", "(snapshot)", "(reads_of)", "(add)", "(assemble)", "(hook_write_)")
         for tt, ct, nc, label in sorted(ours, key=lambda x: -x[1]):
             if label.endswith(entry):

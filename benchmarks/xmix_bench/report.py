@@ -52,8 +52,10 @@ STARTUP_MAX, GRAPH_EXTRA_GIB = 1.5, 1.0
 def add_arguments(p) -> None:
     p.add_argument("--latest", default=str(common.LATEST), help="latest.json (default: benchmarks/results/latest.json)")
     p.add_argument("--results-md", default=str(common.RESULTS_MD), help="the RESULTS.md to rewrite")
-    p.add_argument("--check", action="store_true", help="only check that RESULTS.md's block is up to date (exit 1 if not)")
-    p.add_argument("--merge", nargs="+", default=[], metavar="FILE", help="latest.json files whose measurements replace these")
+    p.add_argument("--check", action="store_true",
+                   help="only check that RESULTS.md's block is up to date (exit 1 if not)")
+    p.add_argument("--merge", nargs="+", default=[], metavar="FILE",
+                   help="latest.json files whose measurements replace these")
     p.add_argument("--add-serve", metavar="DIR", help="a serve folder whose results.json goes to latest.json")
     p.add_argument("--model-name", help="with --add-serve: the model's name (default: from the runs' title)")
     p.add_argument("--configs", help="with --add-serve: only these configurations (comma-separated)")
@@ -215,8 +217,8 @@ def _measured(entries) -> str:
 
 
 def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
-    head = "| Budget line | Config | Mean ITL | P99 ITL | Mean TTFT | Throughput (saturation) | Decode step b1 / b8 / b64 " \
-           "| Status | Commit, date |"
+    head = ("| Budget line | Config | Mean ITL | P99 ITL | Mean TTFT | Throughput (saturation) "
+            "| Decode step b1 / b8 / b64 | Status | Commit, date |")
     rows = [f"### {name}", "", head, "|" + "---|" * 9]
     used: dict = {}  # (workload, commit, date, command, source) -> what it was used for
     for label, configs, metrics, bound in BUDGETS:
@@ -236,8 +238,8 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
     if st:
         ratio = st["xmix_s"] / st["plain_s"]
         verdict = "met" if ratio <= STARTUP_MAX else "missed"
-        rows.append(f"| Start-up <= {STARTUP_MAX:g}x plain | server start-up | {dash} | {verdict}: {st['xmix_s']:g} s vs "
-                    f"{st['plain_s']:g} s ({ratio:.2f}x) | {st['commit']} {st['date']} |")
+        rows.append(f"| Start-up <= {STARTUP_MAX:g}x plain | server start-up | {dash} | {verdict}: "
+                    f"{st['xmix_s']:g} s vs {st['plain_s']:g} s ({ratio:.2f}x) | {st['commit']} {st['date']} |")
         used.setdefault(_source_key(st), {}).setdefault("start-up", []).append("server")
     else:
         rows.append(f"| Start-up <= {STARTUP_MAX:g}x plain | server start-up | {dash} | {NM} | – |")
@@ -268,7 +270,8 @@ def _source_key(e: dict) -> tuple:
 
 def render(data: dict) -> str:
     models = data.get("models", {})
-    order = [n for n in common.MODEL_NAMES.values() if n in models] + sorted(set(models) - set(common.MODEL_NAMES.values()))
+    known = list(common.MODEL_NAMES.values())
+    order = [n for n in known if n in models] + sorted(set(models) - set(known))
     out = ["Latest measurement per budget line against plain vLLM 0.26 (the plugin not loaded) on one H200, "
            "bf16, dummy weights: the median ratio over rounds, [min, max] over rounds where there were several. "
            "Status: met / missed (the whole range inside / outside the bound) / unresolved (the range straddles "

@@ -398,9 +398,11 @@ def _dataset(args, st: dict) -> tuple[list[str], str]:
                  str(args.output_len), "--random-range-ratio", str(args.range_ratio)],
                 f"{os.path.basename(st['model'])}, random dataset {args.input_len} input tokens "
                 f"+-{args.range_ratio:.0%} ({lo}-{hi}), {args.num_prompts} prompts, {args.output_len} output tokens")
-    path = os.path.join(os.path.abspath(args.out), f"sharegpt_{args.num_prompts}_{args.output_len}_{args.max_prompt_len}.json")
+    name = f"sharegpt_{args.num_prompts}_{args.output_len}_{args.max_prompt_len}.json"
+    path = os.path.join(os.path.abspath(args.out), name)
     if not os.path.exists(path):
-        build_sharegpt(path, args.num_prompts, st["vocab_size"], output_len=args.output_len, max_len=args.max_prompt_len)
+        build_sharegpt(path, args.num_prompts, st["vocab_size"], output_len=args.output_len,
+                       max_len=args.max_prompt_len)
     title = (f"{os.path.basename(st['model'])}, ShareGPT-like prompt lengths (LogNormal(5.0, 0.9), 4-"
              f"{args.max_prompt_len} tokens), {args.num_prompts} prompts, {args.output_len} output tokens")
     return ["--dataset-name", "sharegpt", "--dataset-path", path, "--sharegpt-output-len", str(args.output_len)], title
