@@ -331,3 +331,33 @@ def test_variants_without_compiled_graph_and_when_turned_off(monkeypatch):
     monkeypatch.setenv("VLLM_XMIX_MAX_GRAPH_VARIANTS", "many")
     with pytest.raises(ValueError, match="VLLM_XMIX_MAX_GRAPH_VARIANTS='many': expected an integer >= 2"):
         multi_state()
+
+
+def test_token_history_of_new_slots_is_staged_whatever_the_prompt_lengths():
+    """Prompt ids of requests that get a slot in one step reach their slots' token history (a
+    chunk's first token after a prefix-cache hit reads its previous token there), also when the
+    step's prompts together exceed the staging buffer (max_tokens 8 here), which then grows."""
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.runtime import XmixState
+    from vllm_xmix.spec import parse_deployment
+
+    a = MIApp("seal")
+    a.write("add", vector=unit_rms(0)).layers([1]).cond(tokens=[5])
+    st = XmixState.build(parse_deployment(deploy(a)["xmix"]), 4, 64, torch.device("cpu"), 8, 5,
+                         vocab_size=100, max_model_len=40)
+    prompts = {"a": list(range(10, 30)), "b": list(range(50, 53)), "c": list(range(60, 99))}
+    reqs = [NS(req_id=r, sampling_params=NS(extra_args={"xmix": {"apps": [{"name": "seal"}]}}),
+               prompt_token_ids=p, num_computed_tokens=0) for r, p in prompts.items()]
+    so = NS(finished_req_ids=set(), preempted_req_ids=set(), scheduled_new_reqs=reqs,
+            scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[]))
+    st.update_requests(so)
+    st.fill(list(prompts), np.array([3, 3, 2]))
+    hist = st.conditions.hist
+    for rid, p in prompts.items():
+        assert hist[st.req_slot[rid], : len(p)].tolist() == p
+    # a second step with a new request reuses the (grown) buffers of the ring
+    for k in range(5):
+        so.scheduled_new_reqs = []
+        st.update_requests(so)
+        st.fill(list(prompts), np.array([1, 1, 1]))
+    assert hist[st.req_slot["c"], :39].tolist() == prompts["c"]

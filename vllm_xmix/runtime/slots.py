@@ -41,7 +41,7 @@ class SlotRegistry:
         self.req_reads: dict[str, tuple[tuple, int]] = {}
         self.req_fc: dict[str, np.ndarray] = {}
         self.req_plen: dict[str, int] = {}
-        self.req_prompt: dict[str, list[int]] = {}
+        self.req_prompt: dict[str, np.ndarray] = {}  # int32 prompt ids (token conditions only)
         self.preempted: dict[str, None] = {}  # preempted requests keep their slot (and its state)
         self.step_pos: dict[str, int] = {}
 
@@ -95,7 +95,7 @@ class SlotRegistry:
                 P = len(nr.prompt_token_ids) if nr.prompt_token_ids is not None else len(nr.prompt_embeds)
                 self.req_plen[nr.req_id] = P
                 if cond.has_token_cond and nr.prompt_token_ids is not None:
-                    self.req_prompt[nr.req_id] = list(nr.prompt_token_ids)
+                    self.req_prompt[nr.req_id] = np.asarray(nr.prompt_token_ids, dtype=np.int32)
                 reads = np.flatnonzero(lay.returned_mask & (row != 0))
                 if reads.size:
                     self.req_reads[nr.req_id] = (tuple(lay.read_info[e] for e in reads.tolist()), P)

@@ -10,7 +10,7 @@ its overlap. The step's run mask (graph variant) is chosen here too.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import repeat
 
 import numpy as np
@@ -36,8 +36,8 @@ class _Stage:
     pos: torch.Tensor
     plen: torch.Tensor
     fc: torch.Tensor  # [max_tokens, n_fused] float32: the step's per-token fused coefficients
+    prompts: torch.Tensor  # int32: prompt ids of the step's new slots (token conditions), grown on demand
     event: object | None = None
-    keep: list = field(default_factory=list)  # pinned sources of in-flight copies
 
 
 class StepFill:
@@ -60,6 +60,8 @@ class StepFill:
                 pos=torch.zeros(lay.max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
                 plen=torch.zeros(lay.max_slots, dtype=torch.int32, device="cpu", pin_memory=pin),
                 fc=torch.zeros(lay.tok_fc.shape, dtype=torch.float32, device="cpu", pin_memory=pin),
+                prompts=torch.zeros(lay.max_tokens if layout.conditions.has_token_cond else 1, dtype=torch.int32,
+                                    device="cpu", pin_memory=pin),
             )
             for _ in range(RING)
         ]
@@ -135,16 +137,17 @@ class StepFill:
             cond.tok_pos[:n].copy_(stage.pos[:n], non_blocking=True)
         if reg.pending_rows:
             k = len(reg.pending_rows)
+            at = 0  # prompt ids of new slots, staged one after the other
             for i, (s, row, plen, prompt) in enumerate(reg.pending_rows):
                 stage.idx[i] = s
                 stage.rows[i].numpy()[:] = row
                 stage.plen[i] = plen
                 if prompt is not None and cond.has_token_cond:  # for a first chunk after a cache hit
-                    src = torch.tensor(prompt[: cond.hist.shape[1]], dtype=torch.int32)
-                    if lay.device.type == "cuda":
-                        src = src.pin_memory()
-                    stage.keep.append(src)
-                    cond.hist[s, : src.shape[0]].copy_(src, non_blocking=True)
+                    m = min(len(prompt), cond.hist.shape[1])
+                    buf = self._prompt_buffer(stage, at + m)
+                    buf.numpy()[at: at + m] = prompt[:m]
+                    cond.hist[s, :m].copy_(buf[at: at + m], non_blocking=True)
+                    at += m
             reg.pending_rows.clear()
             rows = stage.rows[:k].to(lay.device, non_blocking=True)
             idx = stage.idx[:k].to(lay.device, non_blocking=True)
@@ -173,6 +176,15 @@ class StepFill:
         if not self.variants.capturing_variants:
             self.variants.set_variant(0)
 
+    def _prompt_buffer(self, stage: _Stage, n: int) -> torch.Tensor:
+        """The stage's pinned int32 staging buffer for prompt ids, holding at least ``n``; a
+        larger one replaces it when needed (the stage's earlier copies have run: see
+        :meth:`_next_stage`). Pinning memory is a slow driver call: never per request."""
+        if stage.prompts.shape[0] < n:
+            stage.prompts = torch.zeros(max(n, 2 * stage.prompts.shape[0]), dtype=torch.int32, device="cpu",
+                                        pin_memory=self.layout.device.type == "cuda")
+        return stage.prompts
+
     def _next_stage(self) -> _Stage:
         stage = self._ring[self._ring_pos]
         self._ring_pos = (self._ring_pos + 1) % len(self._ring)
@@ -188,5 +200,4 @@ class StepFill:
                                    "(the host ran that far ahead of the GPU); counted in XmixState.stage_waits",
                                    len(self._ring))
                 stage.event.synchronize()
-        stage.keep.clear()
         return stage
