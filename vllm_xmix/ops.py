@@ -88,8 +88,9 @@ def note_tokens_(h: torch.Tensor, input_ids: torch.Tensor) -> None:
     (int) and each token's previous token for token-conditioned writes."""
     st = _state()
     st.token_hook_calls += 1
-    if (st.run_mask >> st.tok_unit) & 1:
-        st.note_tokens(input_ids)
+    v = st.variants
+    if (v.run_mask >> v.tok_unit) & 1:
+        st.conditions.note_tokens(input_ids)
 
 
 def note_tokens_fake(h: torch.Tensor, input_ids: torch.Tensor) -> None:

@@ -10,9 +10,15 @@ from ..runtime import STATE_KEY
 from .core import mark, optional_import
 
 
-def _state_of_config(vllm_config):
+def _variants_of(vllm_config):
+    """The model instance's graph variants (``runtime.variants.GraphVariants``), None without a
+    deployment or with variants off. The wrappers below use it directly: ``CUDAGraphWrapper``
+    runs once per piece of a piecewise step, so its added work is kept to plain lookups."""
     st = vllm_config.compilation_config.static_forward_context.get(STATE_KEY)
-    return st if st is not None and st.variants_enabled else None
+    if st is None:
+        return None
+    v = st.variants
+    return v if v.variants_enabled else None
 
 
 def patch_graph_variants() -> None:
@@ -40,21 +46,21 @@ def patch_graph_variants() -> None:
     def wrap_call(orig):
         @functools.wraps(orig)
         def __call__(self, *args, **kwargs):
-            st = _state_of_config(self.vllm_config)
-            if st is not None:  # (runs once per piece of a piecewise step: kept short)
+            gv = _variants_of(self.vllm_config)
+            if gv is not None:  # (runs once per piece of a piecewise step: kept short)
                 d = self.__dict__
                 tables = d.get("_xmix_tables")
                 if tables is not None and self.concrete_cudagraph_entries is not d["_xmix_cur"]:
                     tables = d["_xmix_tables"] = None  # vLLM replaced the table (elastic EP re-capture)
-                if tables is None and st.capturing_variants:
-                    tables = d["_xmix_tables"] = {st.all_mask: self.concrete_cudagraph_entries}
+                if tables is None and gv.capturing_variants:
+                    tables = d["_xmix_tables"] = {gv.all_mask: self.concrete_cudagraph_entries}
                 if tables is not None:
-                    t = tables.get(st.run_mask)
+                    t = tables.get(gv.run_mask)
                     if t is None:
-                        if not st.capturing_variants:
+                        if not gv.capturing_variants:
                             raise RuntimeError(f"vllm_xmix: no CUDA graphs were captured for hook variant "
-                                               f"{st.run_mask:#x} (captured: {[hex(m) for m in tables]})")
-                        t = tables[st.run_mask] = {}
+                                               f"{gv.run_mask:#x} (captured: {[hex(m) for m in tables]})")
+                        t = tables[gv.run_mask] = {}
                     self.concrete_cudagraph_entries = d["_xmix_cur"] = t
             return orig(self, *args, **kwargs)
 
@@ -77,14 +83,14 @@ def patch_graph_variants() -> None:
     def wrap_v1_capture(orig):
         @functools.wraps(orig)
         def _warmup_and_capture(self, desc, *args, **kwargs):
-            st = _state_of_config(self.vllm_config)
-            if st is None:
+            gv = _variants_of(self.vllm_config)
+            if gv is None:
                 return orig(self, desc, *args, **kwargs)
-            *rest, last = st.graph_variants()  # app-free first, every site last
+            *rest, last = gv.graph_variants()  # app-free first, every site last
             for mask in rest:
-                with st.capture_variant(mask):
+                with gv.capture_variant(mask):
                     orig(self, desc, *args, **kwargs)
-            with st.capture_variant(last):
+            with gv.capture_variant(last):
                 return orig(self, desc, *args, **kwargs)
 
         return _warmup_and_capture
@@ -99,17 +105,17 @@ def patch_graph_variants() -> None:
     def wrap_v2_capture(orig):
         @functools.wraps(orig)
         def capture(self, *args, **kwargs):
-            st = _state_of_config(self.vllm_config)
-            if st is None:
+            gv = _variants_of(self.vllm_config)
+            if gv is None:
                 return orig(self, *args, **kwargs)
             tables = {}
-            for mask in st.graph_variants():  # app-free first, every site last
+            for mask in gv.graph_variants():  # app-free first, every site last
                 self.graphs = {}
-                with st.capture_variant(mask):
+                with gv.capture_variant(mask):
                     orig(self, *args, **kwargs)
                 tables[mask] = self.graphs
             self._xmix_graphs = tables
-            self.graphs = tables[st.all_mask]
+            self.graphs = tables[gv.all_mask]
 
         return capture
 
@@ -118,8 +124,8 @@ def patch_graph_variants() -> None:
         def run_fullgraph(self, desc):
             tables = self.__dict__.get("_xmix_graphs")
             if tables is not None:
-                st = _state_of_config(self.vllm_config)
-                mask = st.run_mask if st is not None else max(tables)
+                gv = _variants_of(self.vllm_config)
+                mask = gv.run_mask if gv is not None else max(tables)
                 if mask not in tables:
                     raise RuntimeError(f"vllm_xmix: no CUDA graphs were captured for hook variant {mask:#x}")
                 self.graphs = tables[mask]
