@@ -288,3 +288,23 @@ def test_selecting_only_a_condition_read_layer_is_refused(cond_llm):
     with pytest.raises(ValueError, match=r"selects only condition reads of app 'cast'"):
         gen(cond_llm, PROMPTS[:1], [{"name": "cast", "layers": [READ_LAYER]}])
     assert gen(cond_llm, PROMPTS[:1], [{"name": "cast", "layers": [READ_LAYER, 3]}])  # with a write layer: fine
+
+
+def test_unconditional_add_beside_conditional_writes(cond_llm, hf, thresholds, monkeypatch):
+    """blocks.1/2.hook_resid_post carry "always" (an add) beside SEAL's conditional adds: a
+    request with "always" alone runs only the add kernel there (the row kernel, one program per
+    token, is for the conditional writes); with "always" and "seal" together the add goes first
+    and SEAL's entries through the row kernel. Both equal HF."""
+    import vllm_xmix.ops as ops
+
+    rows, adds = [], []
+    real_row, real_add = ops.row_write_reference, ops.steer_add
+    monkeypatch.setattr(ops, "row_write_reference", lambda *a, **k: (rows.append(list(a[4])), real_row(*a, **k))[1])
+    monkeypatch.setattr(ops, "steer_add", lambda *a, **k: (adds.append(a[3].tolist()), real_add(*a, **k))[1])
+    assert gen(cond_llm, PROMPTS, ["always"]) == [ref(hf, "always", p, thresholds) for p in PROMPTS]
+    assert adds and not rows, rows[:3]
+    adds.clear()
+    S = set(SEAL_SET)
+    want = [hf_greedy_masked(hf, p, N, SEAL_LAYERS, lambda ids, P: [1.0 + (t in S) for t in ids]) for p in PROMPTS]
+    assert gen(cond_llm, PROMPTS, ["always", "seal"]) == want
+    assert adds and rows and all(len(e) == 1 for e in rows + adds), (rows[:3], adds[:3])

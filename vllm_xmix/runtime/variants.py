@@ -50,7 +50,9 @@ class SitePlan:
     """What a hook op applies at one site under one run mask (:meth:`GraphVariants.site_plan`):
     entry indices as int32 device tensors (None: none) and host lists."""
 
-    pre: torch.Tensor | None  # eager forward at a site with fused adds and other writes: those adds, first
+    # applied first with the add kernel: a site's unconditional adds beside its conditional writes
+    # (and, in eager forwards, fused adds beside other writes: the compiled order)
+    pre: torch.Tensor | None
     writes: torch.Tensor | None
     writes_host: list[int]
     row: bool  # the site's writes need the one-program-per-token kernel (projections or conditions at the site)
@@ -314,6 +316,9 @@ class GraphVariants:
             writes = lay.site_rest_host[site] or []
         elif lay.site_fused_first[site]:  # eager, mixed site: the compiled order (those adds first)
             pre = [e for e in lay.site_fused[site] if keep[e]]
+            writes = lay.site_rest_host[site] or []
+        elif lay.site_adds_first[site]:  # conditional writes beside adds: the adds first, in the add kernel
+            pre = [e for e in lay.site_adds_first[site] if keep[e]]
             writes = lay.site_rest_host[site] or []
         else:
             writes = lay.site_entries_host[site] or []
