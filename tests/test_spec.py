@@ -145,3 +145,49 @@ def test_probe_weights_from_files_checked_against_the_model(tmp_path):
     router.read("linear_probe", weight=[1.0, 2.0, 3.0]).submodule("mlp.hook_router_logits")
     with pytest.raises(XmixSpecError, match=r"weight: length 3 != n_experts 4"):
         validate_deployment(parse_deployment(dep(router)["xmix"]), 4, 64, n_experts=4)
+
+
+def test_builder_refuses_a_second_layers_submodule_or_cond_on_one_op():
+    """A second call would silently replace the first (a user may mean both predicates)."""
+    for chain, method in ((lambda op: op.layers([1]).layers([2]), "layers"),
+                          (lambda op: op.submodule("hook_resid_post").submodule("hook_resid_pre"), "submodule"),
+                          (lambda op: op.cond(tokens=[1]).cond(tokens_prev=[2]), "cond")):
+        a = MIApp("x")
+        with pytest.raises(XmixSpecError, match=rf"x\.{method}: already given for this op"):
+            chain(a.write("add", vector=unit_rms(0)))
+    a = MIApp("x")  # one of each, and a second op with its own, stay fine
+    a.write("add", vector=unit_rms(0)).layers([1]).submodule("hook_resid_pre").cond(tokens=[1])
+    a.write("add", vector=unit_rms(1)).layers([2]).submodule("hook_resid_post")
+    assert [op.layers for op in a.to_spec().ops] == [[1], [2]]
+
+
+def test_layers_as_arrays_and_tensors():
+    for layers in (np.arange(1, 3), torch.tensor([1, 2]), [np.int64(1), np.int64(2)]):
+        a = MIApp("x")
+        a.write("add", vector=unit_rms(0)).layers(layers)
+        assert a.to_spec().ops[0].layers == [1, 2]
+    for bad, msg in ((np.array([[1, 2]]), "1-D list of layer indices"), (np.array([1.0, 2.0]), "must be integers")):
+        a = MIApp("x")
+        a.write("add", vector=unit_rms(0)).layers(bad)
+        with pytest.raises(XmixSpecError, match=msg):
+            a.to_spec()
+
+
+def test_vector_beyond_float32_and_corrupt_npy(tmp_path):
+    v = np.full(D_MODEL, 1.0)
+    v[3] = 1e300
+    with pytest.raises(XmixSpecError, match=r"entry 3 \(1e\+300\) exceeds float32's range"):
+        load_vector(v.tolist(), "vector")
+    np.save(tmp_path / "obj.npy", np.array([object()] * 4, dtype=object), allow_pickle=True)
+    with pytest.raises(XmixSpecError, match="not a plain numeric .npy array") as e:
+        load_vector(VectorFile(path=str(tmp_path / "obj.npy")), "vector")
+    assert "allow_pickle" not in str(e.value)
+
+
+def test_selection_given_twice_is_refused():
+    from vllm_xmix import SamplingParams
+
+    with pytest.raises(ValueError, match=r"given twice, as mi_apps and as extra_args\['xmix'\]"):
+        SamplingParams(mi_apps=["a"], extra_args={"xmix": {"apps": [{"name": "b"}]}})
+    sp = SamplingParams(mi_apps=["a"], extra_args={"other": 1})  # other extra args are kept
+    assert sp.extra_args["other"] == 1 and sp.extra_args["xmix"] == {"apps": [{"name": "a"}]}

@@ -31,7 +31,7 @@ class SamplingParams(vllm.SamplingParams):
         **kwargs: every ``vllm.SamplingParams`` argument.
 
     Raises:
-        ValueError: malformed ``mi_apps`` (the message names the field, e.g.
+        ValueError: malformed ``mi_apps``, or ``mi_apps`` beside ``extra_args["xmix"]`` (the message names the field, e.g.
             ``mi_apps[0].scale: expected a number, got str``). Names unknown to the engine are
             reported when the request is added (``LLM.generate`` raises ``ValueError``).
     """
@@ -42,6 +42,9 @@ class SamplingParams(vllm.SamplingParams):
         super().__post_init__()
         if self.mi_apps is not None:
             apps = parse_request_apps(self.mi_apps, field="mi_apps")
+            if self.extra_args and CONFIG_KEY in self.extra_args:
+                raise ValueError(f"mi_apps: the selection is given twice, as mi_apps and as "
+                                 f"extra_args[{CONFIG_KEY!r}]; give one of them")
             ea = dict(self.extra_args or {})
             ea[CONFIG_KEY] = request_to_wire(apps)
             self.extra_args = ea

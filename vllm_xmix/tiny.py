@@ -112,4 +112,7 @@ def build_tiny_model(arch: str = "llama", root: str | os.PathLike | None = None)
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] not in TINY_SPECS:
+        sys.exit(f"usage: python -m vllm_xmix.tiny [{'|'.join(TINY_SPECS)}]: builds (once) and prints the "
+                 "directory of a tiny random-weight model of that architecture (llama by default)")
     print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "llama"))

@@ -23,28 +23,36 @@ class _OpBuilder:
         self._app = app
         self._fields = fields
 
+    def _set_once(self, key: str, method: str, value) -> None:
+        """Set an op field that a chain may give once (a second call would silently replace the
+        first). Raises XmixSpecError naming the method."""
+        if key in self._fields:
+            raise XmixSpecError(f"{self._app.name}.{method}: already given for this op "
+                                f"({self._fields[key]!r}); give it once (write a second op for another one)")
+        self._fields[key] = value
+
     def layers(self, layers) -> "_OpBuilder":
-        """``[int, ...]``, ``range(...)`` or ``"all"``."""
+        """``[int, ...]``, ``range(...)``, a 1-D integer array or ``"all"`` (once per op)."""
         if isinstance(layers, range):
             layers = list(layers)
         elif isinstance(layers, int) and not isinstance(layers, bool):
             layers = [layers]
-        self._fields["layers"] = layers
+        self._set_once("layers", "layers", layers)
         return self
 
     def submodule(self, hook: str) -> "_OpBuilder":
-        """TransformerLens hook name, e.g. ``"hook_resid_post"``."""
-        self._fields["hook"] = _hook_name(hook)
+        """TransformerLens hook name, e.g. ``"hook_resid_post"`` (once per op)."""
+        self._set_once("hook", "submodule", _hook_name(hook))
         return self
 
     def cond(self, **predicate) -> "_OpBuilder":
         """Guard a write with a predicate (see :class:`Cond`): ``tokens=[ids]``,
         ``tokens_prev=[ids]``, or ``buffer="name", op=">", threshold=t``; optional
-        ``positions="generated"``. Reads cannot be conditioned (rejected)."""
+        ``positions="generated"``; one predicate per op. Reads cannot be conditioned (rejected)."""
         if not predicate:
             raise XmixSpecError(f"{self._app.name}.cond: give a predicate: tokens=[...], tokens_prev=[...], "
                                 "or buffer=..., op=..., threshold=...")
-        self._fields["cond"] = predicate
+        self._set_once("cond", "cond", predicate)
         return self
 
     # allow app-level chaining from an op: MIApp("x").write(...).layers(...).write(...)

@@ -85,6 +85,10 @@ def _layer_list(v) -> list[int]:
     """A non-empty sequence of distinct non-negative ints (list, tuple, range, numpy ints)."""
     if not _is_list_like(v):
         raise ValueError(f"expected a list of layer indices, got {type(v).__name__} {v!r}")
+    if hasattr(v, "tolist") and hasattr(v, "ndim"):  # a numpy array or torch tensor
+        if v.ndim != 1:
+            raise ValueError(f"expected a 1-D list of layer indices, got an array of shape {list(v.shape)}")
+        v = v.tolist()
     out = []
     for x in v:
         if not _is_a(x, numbers.Integral):
@@ -100,7 +104,7 @@ def _layer_list(v) -> list[int]:
 
 
 #: decoder-layer indices of an op: ``"all"`` or distinct non-negative ints (range, numpy ok)
-Layers = Annotated[Union[list[int], Literal["all"]], BeforeValidator(lambda v: v if v == "all" else _layer_list(v))]
+Layers = Annotated[Union[list[int], Literal["all"]], BeforeValidator(lambda v: v if isinstance(v, str) and v == "all" else _layer_list(v))]
 
 #: a finite real number (Python or numpy; bools and strings refused), and its optional form
 FiniteFloat = Annotated[float, BeforeValidator(_finite_number)]

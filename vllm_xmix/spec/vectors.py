@@ -62,7 +62,12 @@ def _read_npy(path: str, key: str | None, field: str) -> np.ndarray:
     if key is not None:
         raise XmixSpecError(f"{field}.key: a .npy file holds one array: key {key!r} selects "
                             f"nothing in {path} (leave it out)")
-    return np.load(path, allow_pickle=False)
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as e:  # numpy suggests allow_pickle=True here: never for a vector file
+        raise XmixSpecError(f"{field}.path: {path} is not a plain numeric .npy array ({e.__class__.__name__}: "
+                            "object arrays and pickles are not read); save it with np.save(path, "
+                            "vector.astype(np.float32))") from None
 
 
 #: file suffix -> reader(path, key, field)
@@ -100,13 +105,17 @@ def load_vector(ref: list[float] | VectorFile, field: str, allow_neg_inf: bool =
             non-finite values.
     """
     if isinstance(ref, list):
-        arr = np.asarray(ref, dtype=np.float32)
+        src = np.asarray(ref, dtype=np.float64)
     else:
-        arr, path = _read_vector_file(ref, field)
-        arr = np.asarray(arr)
-        if arr.dtype.kind not in "fiu":  # bool, complex, strings: not a direction
-            raise XmixSpecError(f"{field}: expected real numbers, got dtype {arr.dtype} in {path}")
-        arr = arr.astype(np.float32)
+        src, path = _read_vector_file(ref, field)
+        src = np.asarray(src)
+        if src.dtype.kind not in "fiu":  # bool, complex, strings: not a direction
+            raise XmixSpecError(f"{field}: expected real numbers, got dtype {src.dtype} in {path}")
+    big = np.isfinite(src) & (np.abs(src) > np.finfo(np.float32).max)
+    if big.any():
+        raise XmixSpecError(f"{field}: entry {int(np.flatnonzero(big)[0])} ({float(src[big][0]):.3g}) exceeds "
+                            f"float32's range (+-{float(np.finfo(np.float32).max):.3g}); vectors are applied in float32")
+    arr = src.astype(np.float32)
     if arr.ndim != 1:
         raise XmixSpecError(f"{field}: expected a 1-D vector [d_model], got shape {list(arr.shape)}")
     bad = ~np.isfinite(arr)

@@ -81,7 +81,8 @@ def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field
         if big > limit:
             dtype = getattr(vllm_config.model_config, "dtype", "float32")
             raise XmixSpecError(
-                f"{field}: app {app_name!r} op {oi} would write values up to {big:.3g} (scale {c:g}); "
+                f"{field}: app {app_name!r} op {oi} would write values up to {big:.3g} (scale {c:g}"
+                + (f", value {size:g}" if dep.app(app_name).ops[oi].kind == "clamp" else "") + "); "
                 f"the model's dtype {dtype} holds writes up to {limit:.3g} here: larger ones overflow to "
                 "inf/NaN, which would reach other requests through reused KV-cache blocks")
 
