@@ -191,3 +191,4 @@ def test_selection_given_twice_is_refused():
         SamplingParams(mi_apps=["a"], extra_args={"xmix": {"apps": [{"name": "b"}]}})
     sp = SamplingParams(mi_apps=["a"], extra_args={"other": 1})  # other extra args are kept
     assert sp.extra_args["other"] == 1 and sp.extra_args["xmix"] == {"apps": [{"name": "a"}]}
+    assert sp.clone().extra_args == sp.extra_args  # vLLM's clones carry both: the same selection

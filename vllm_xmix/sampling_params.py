@@ -42,10 +42,12 @@ class SamplingParams(vllm.SamplingParams):
         super().__post_init__()
         if self.mi_apps is not None:
             apps = parse_request_apps(self.mi_apps, field="mi_apps")
-            if self.extra_args and CONFIG_KEY in self.extra_args:
+            wire = request_to_wire(apps)
+            # (a copy or a decoded clone already carries the same selection in extra_args)
+            if self.extra_args and CONFIG_KEY in self.extra_args and self.extra_args[CONFIG_KEY] != wire:
                 raise ValueError(f"mi_apps: the selection is given twice, as mi_apps and as "
                                  f"extra_args[{CONFIG_KEY!r}]; give one of them")
             ea = dict(self.extra_args or {})
-            ea[CONFIG_KEY] = request_to_wire(apps)
+            ea[CONFIG_KEY] = wire
             self.extra_args = ea
             self.mi_apps = [a.model_dump(exclude_none=True) for a in apps]
