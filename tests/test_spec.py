@@ -191,4 +191,7 @@ def test_selection_given_twice_is_refused():
         SamplingParams(mi_apps=["a"], extra_args={"xmix": {"apps": [{"name": "b"}]}})
     sp = SamplingParams(mi_apps=["a"], extra_args={"other": 1})  # other extra args are kept
     assert sp.extra_args["other"] == 1 and sp.extra_args["xmix"] == {"apps": [{"name": "a"}]}
-    assert sp.clone().extra_args == sp.extra_args  # vLLM's clones carry both: the same selection
+    import msgspec  # vLLM's IPC decodes a copy through __post_init__, with both set: the same selection
+
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(sp), type=SamplingParams)
+    assert back.extra_args == sp.extra_args and back.mi_apps == sp.mi_apps
