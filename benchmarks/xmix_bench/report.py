@@ -234,24 +234,23 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
             rows.append(f"| {label if i == 0 else ''} | {cfg} | " + " | ".join(cells[m] for m in COLUMNS)
                         + f" | {_status(verdicts, missing)} | {_measured(shown.values())} |")
     dash = " | ".join("–" for _ in COLUMNS)
-    st = model.get("startup")
-    if st:
-        ratio = st["xmix_s"] / st["plain_s"]
-        verdict = "met" if ratio <= STARTUP_MAX else "missed"
-        rows.append(f"| Start-up <= {STARTUP_MAX:g}x plain | server start-up | {dash} | {verdict}: "
-                    f"{st['xmix_s']:g} s vs {st['plain_s']:g} s ({ratio:.2f}x) | {st['commit']} {st['date']} |")
-        used.setdefault(_source_key(st), {}).setdefault("start-up", []).append("server")
-    else:
-        rows.append(f"| Start-up <= {STARTUP_MAX:g}x plain | server start-up | {dash} | {NM} | – |")
-    gm = model.get("graph_memory")
-    if gm:
-        extra = gm["xmix_gib"] - gm["plain_gib"]
-        verdict = "met" if extra <= GRAPH_EXTRA_GIB else "missed"
-        rows.append(f"| Graph memory <= plain + {GRAPH_EXTRA_GIB:g} GiB | CUDA-graph capture | {dash} | {verdict}: "
-                    f"{gm['xmix_gib']:g} vs {gm['plain_gib']:g} GiB (+{extra:.2f} GiB) | {gm['commit']} {gm['date']} |")
-        used.setdefault(_source_key(gm), {}).setdefault("graph memory", []).append("server")
-    else:
-        rows.append(f"| Graph memory <= plain + {GRAPH_EXTRA_GIB:g} GiB | CUDA-graph capture | {dash} | {NM} | – |")
+    def server_line(label: str, what: str, config: str, entry: dict | None, judge) -> None:
+        """One row of a server-level line; ``judge(entry)`` -> (met, what was measured)."""
+        if not entry:
+            rows.append(f"| {label} | {config} | {dash} | {NM} | – |")
+            return
+        met, text = judge(entry)
+        rows.append(f"| {label} | {config} | {dash} | {'met' if met else 'missed'}: {text} | "
+                    f"{entry['commit']} {entry['date']} |")
+        used.setdefault(_source_key(entry), {}).setdefault(what, []).append("server")
+
+    server_line(f"Start-up <= {STARTUP_MAX:g}x plain", "start-up", "server start-up", model.get("startup"),
+                lambda e: (e["xmix_s"] / e["plain_s"] <= STARTUP_MAX,
+                           f"{e['xmix_s']:g} s vs {e['plain_s']:g} s ({e['xmix_s'] / e['plain_s']:.2f}x)"))
+    server_line(f"Graph memory <= plain + {GRAPH_EXTRA_GIB:g} GiB", "graph memory", "CUDA-graph capture",
+                model.get("graph_memory"),
+                lambda e: (e["xmix_gib"] - e["plain_gib"] <= GRAPH_EXTRA_GIB,
+                           f"{e['xmix_gib']:g} vs {e['plain_gib']:g} GiB (+{e['xmix_gib'] - e['plain_gib']:.2f} GiB)"))
     notes = ["", "Measured with:"]
     for (workload, commit, date, command, source), uses in used.items():
         what = "; ".join(f"{k}: {', '.join(dict.fromkeys(v))}" if v != ["server"] else k for k, v in uses.items())

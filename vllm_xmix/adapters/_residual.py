@@ -136,7 +136,7 @@ def _register_buffers(module: torch.nn.Module, state) -> None:
     if hasattr(module, "xmix_tok_fc"):
         return
     for name in MODULE_BUFFERS:
-        module.register_buffer(f"xmix_{name}", getattr(state, name), persistent=False)
+        module.register_buffer(f"xmix_{name}", getattr(state.layout, name), persistent=False)
     state.buffer_modules.append(module)  # XmixState.verify_hooks_fired: still the same tensors?
 
 

@@ -12,9 +12,8 @@ import functools
 import torch
 
 from ..runtime.layout import RESIDUAL_HOOKS
+from ..spec import ROUTER_HOOK
 from .base import DecoderAdapter
-
-ROUTER_HOOK = "mlp.hook_router_logits"
 
 
 def _router_hook(site: int, module, args, output):

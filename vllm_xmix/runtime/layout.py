@@ -222,7 +222,10 @@ class DeviceLayout:
         self.site_fused_spec: list[tuple[tuple[int, int, float, int], ...]] = [()] * n
         self.site_fused_id: list[int] = [0] * n  # what a compiled graph must say it applied (ops.hook_write_)
         self.site_rest_host = list(self.site_entries_host)
-        self.site_fused_first = [False] * n  # sites with fused and other writes (eager: the fused adds first)
+        # what an op applies first, in the add kernel, before the site's other writes (eager
+        # forwards at a site with fused and other writes: the fused adds, the compiled order;
+        # sites with conditional writes and no projection: the unconditional adds)
+        self.site_first: list[tuple[int, ...]] = [()] * n
         mode = self.deployment.fused_writes
         for (L, hook), sid in self.sites.items():
             writes = self.site_entries_host[sid] or []
@@ -240,19 +243,19 @@ class DeviceLayout:
             self.site_fused[sid] = fused
             self.site_rest_host[sid] = rest
             # eager runs apply these first too, so both paths round the same way
-            self.site_fused_first[sid] = bool(rest)
+            if rest:
+                self.site_first[sid] = fused
         # sites with conditional writes and no projections, nothing fused: the unconditional adds
         # go first, all in the add kernel, and only the conditional writes through the row
         # kernel, in every variant (so a step with an unconditional app alone launches no row
         # kernel there, and a request's values never depend on its batch)
-        self.site_adds_first: list[tuple[int, ...]] = [()] * n
         for sid in range(n):
             writes = self.site_entries_host[sid] or []
             if self.site_fused[sid] or self.site_has_proj[sid] or not self.site_has_cond[sid]:
                 continue
             adds = tuple(e for e in writes if self.entries[e].kind == ADD and self.entries[e].ckind == 0)
             if adds:
-                self.site_adds_first[sid] = adds
+                self.site_first[sid] = adds
                 self.site_rest_host[sid] = [e for e in writes if e not in adds]
         # each fused entry's column in the per-token coefficient table ``tok_fc`` (filled by the
         # step fill from the step's requests: a fused write reads its token's coefficient with

@@ -59,8 +59,6 @@ class XmixState:
     parts' own, named here for the model-runner patches, the hook ops and the adapters."""
 
     # layout
-    deployment = _Via("layout")
-    n_layers = _Via("layout")
     d_model = _Via("layout")
     device = _Via("layout")
     max_tokens = _Via("layout")
@@ -70,7 +68,6 @@ class XmixState:
     site_names = _Via("layout")
     site_id = _Via("layout")
     tok_slot = _Via("layout")
-    coef = _Via("layout")
     vectors = _Via("layout")
     out = _Via("layout")
     tok_fc = _Via("layout")
@@ -79,7 +76,6 @@ class XmixState:
     site_fused_id = _Via("layout")
     fused_entries = _Via("layout")
     # conditions
-    has_cond = _Via("conditions")
     has_token_cond = _Via("conditions")
     cond_args = _Via("conditions")
     gate = _Via("conditions")
@@ -91,9 +87,7 @@ class XmixState:
     req_fc = _Via("slots")
     free_slots = _Via("slots")
     preempted = _Via("slots")
-    request_row = _Via("slots")
     update_requests = _Via("slots")
-    forget = _Via("slots")
     # step fill
     fill = _Via("step")
     dummy_forward = _Via("step")
@@ -111,7 +105,6 @@ class XmixState:
     capture_variant = _Via("variants")
     graph_variants = _Via("variants")
     variant_steps = _Via("variants")
-    need_mask = _Via("variants")
     runs = _Via("variants")
     site_plan = _Via("variants")
     # reads
@@ -163,7 +156,7 @@ class XmixState:
                                "(unsupported model class)")
         for m in self.buffer_modules:  # a module.to()/half() after construction would have copied them
             for name in MODULE_BUFFERS:
-                if getattr(m, f"xmix_{name}").data_ptr() != getattr(self, name).data_ptr():
+                if getattr(m, f"xmix_{name}").data_ptr() != getattr(self.layout, name).data_ptr():
                     raise RuntimeError(f"vllm_xmix: the buffer xmix_{name} of {type(m).__name__} is no longer the "
                                        "runtime's tensor (the model was moved or cast after construction); the "
                                        "compiled steering would read a stale copy")

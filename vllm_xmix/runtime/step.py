@@ -137,14 +137,16 @@ class StepFill:
             cond.tok_pos[:n].copy_(stage.pos[:n], non_blocking=True)
         if reg.pending_rows:
             k = len(reg.pending_rows)
-            at = 0  # prompt ids of new slots, staged one after the other
+            if cond.has_token_cond:  # room for the prompt ids of the new slots, staged one after the other
+                L = cond.hist.shape[1]
+                buf = self._prompt_buffer(stage, sum(min(len(p), L) for *_, p in reg.pending_rows if p is not None))
+                at = 0
             for i, (s, row, plen, prompt) in enumerate(reg.pending_rows):
                 stage.idx[i] = s
                 stage.rows[i].numpy()[:] = row
                 stage.plen[i] = plen
                 if prompt is not None and cond.has_token_cond:  # for a first chunk after a cache hit
-                    m = min(len(prompt), cond.hist.shape[1])
-                    buf = self._prompt_buffer(stage, at + m)
+                    m = min(len(prompt), L)
                     buf.numpy()[at: at + m] = prompt[:m]
                     cond.hist[s, :m].copy_(buf[at: at + m], non_blocking=True)
                     at += m

@@ -314,11 +314,8 @@ class GraphVariants:
         pre: list[int] = []
         if fused:  # the compiled graph applied the site's fused writes
             writes = lay.site_rest_host[site] or []
-        elif lay.site_fused_first[site]:  # eager, mixed site: the compiled order (those adds first)
-            pre = [e for e in lay.site_fused[site] if keep[e]]
-            writes = lay.site_rest_host[site] or []
-        elif lay.site_adds_first[site]:  # conditional writes beside adds: the adds first, in the add kernel
-            pre = [e for e in lay.site_adds_first[site] if keep[e]]
+        elif lay.site_first[site]:  # adds first, in the add kernel (fused adds in eager; adds beside conditions)
+            pre = [e for e in lay.site_first[site] if keep[e]]
             writes = lay.site_rest_host[site] or []
         else:
             writes = lay.site_entries_host[site] or []
