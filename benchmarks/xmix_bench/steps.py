@@ -1,0 +1,339 @@
+"""steps: serving-like arrivals driven through one in-process engine, per request time to first
+token and inter-token latency, and per engine step its host phases and device time: where a
+request's first token goes, without an HTTP front end.
+
+One process per engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the scheduler, the model runner
+and the output processor run in this process and can be timed): plain vLLM (``VLLM_PLUGINS=""``)
+and, per ``--fused-writes`` value, the plugin's engine with the benchmark deployment. Requests
+arrive as a Poisson process in wall time (``--rate`` per second), prompts of uniformly random
+length in ``[--input-len x (1 - --range-ratio), --input-len x (1 + --range-ratio)]`` of random
+token ids, ``--output-len`` tokens each with ``ignore_eos``: the shape of ``vllm bench serve``'s
+random dataset. The loop adds each request when its arrival time has passed and otherwise calls
+``LLMEngine.step()``. Configurations (the apps on every request; ``inactive``: none) run in
+turn, ``--rounds`` times interleaved, each round with the same arrivals for every configuration.
+
+Per configuration (medians over requests, then over rounds):
+
+* ``ttft_ms``: arrival to the end of the ``step()`` that returned the request's first token;
+  ``itl_ms``: per request, (last token - first token) / (tokens - 1); ``p99_itl_ms``: 99th
+  percentile of the gaps between a request's consecutive token arrivals;
+* per kind of step (``mixed``: some prompt tokens scheduled; ``decode``): steps, ms of the whole
+  ``step()`` and of its host phases (``schedule``, ``execute_model``: the forward's preparation
+  and launch, ``sample_tokens``, ``update_from_output``, ``process_outputs``: the output
+  processor), and on CUDA the device ms from the start of the forward's preparation to the end
+  of sampling on the forward's stream (CUDA events; with async scheduling, the device time of the
+  step's own work plus any wait for the host inside it).
+
+Ratios to plain vLLM are printed and written with the raw numbers to ``--out`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import time
+
+from . import common
+
+HELP = "serving-like arrivals through an in-process engine: TTFT, ITL and per-step host/device time vs plain vLLM"
+PHASES = ("schedule", "execute_model", "sample_tokens", "update_from_output", "process_outputs")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", metavar="MODEL_DIR", help="model config folder, e.g. benchmarks/models/llama31_8b")
+    p.add_argument("--configs", default="inactive,steer_all,ablate_all,probe_one,seal,cast",
+                   help="apps on every request (inactive: none), names of the benchmark deployment")
+    p.add_argument("--fused-writes", default="none",
+                   help="comma-separated fused_writes values (none, adds, all): one plugin engine each")
+    p.add_argument("--fused-configs", default="inactive,steer_all,ablate_all",
+                   help="the configurations of the engines with fused_writes other than none")
+    p.add_argument("--rate", type=float, default=16.0, help="requests per second (Poisson)")
+    p.add_argument("--num-prompts", type=int, default=150, help="requests per configuration and round")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (after one warm-up round)")
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--range-ratio", type=float, default=0.9)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 otherwise")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--out", required=True, help="the JSON file to write")
+    p.add_argument("--_engine", help=argparse.SUPPRESS)  # internal: one engine
+
+
+def main(args) -> int:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if args._engine:
+        return engine(args)
+    res = {}
+    engines = [("plain", {"VLLM_PLUGINS": ""})] + [(f"xmix:{fw}", {}) for fw in args.fused_writes.split(",")]
+    for spec, env in engines:
+        part = args.out + f".{spec.replace(':', '-')}.json"
+        configs = args.fused_configs if spec.startswith("xmix:") and spec != "xmix:none" else args.configs
+        cmd = common.TOOL + ["steps", args.model, "--_engine", spec, "--out", part, "--configs", configs] + \
+            _passthrough(args)
+        print(f"[steps] {spec}: {' '.join(cmd)}", flush=True)
+        t0 = time.time()
+        p = subprocess.run(cmd, env={**os.environ, **env}, cwd=common.REPO)
+        if p.returncode:
+            raise SystemExit(f"steps: the {spec} engine failed (rc {p.returncode})")
+        print(f"[steps] {spec}: done in {time.time() - t0:.0f} s", flush=True)
+        res[spec] = common.read_json(part)
+    out = {"commit": common.git_commit(), "date": common.today(), "command": common.command_line(),
+           "model": common.model_name(args.model), "settings": _settings(args), "engines": res}
+    common.write_json(args.out, out)
+    print(table(out))
+    return 0
+
+
+def _passthrough(args) -> list[str]:
+    return ["--rate", str(args.rate), "--num-prompts", str(args.num_prompts),
+            "--rounds", str(args.rounds), "--input-len", str(args.input_len), "--range-ratio", str(args.range_ratio),
+            "--output-len", str(args.output_len), "--max-model-len", str(args.max_model_len)] + (
+        ["--dtype", args.dtype] if args.dtype else [])
+
+
+def _settings(args) -> dict:
+    return {k: getattr(args, k) for k in ("rate", "num_prompts", "rounds", "input_len", "range_ratio", "output_len",
+                                          "max_model_len")}
+
+
+# ------------------------------------------------------------------------------ one engine
+
+
+class _Timers:
+    """Wall time of the engine's host phases in the current step, and CUDA events around the
+    model runner's work of each forward."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.cur: dict[str, float] = {}
+        self.tokens = 0
+        self.prompt_tokens = False
+        self.events: list = []  # (start event, end event) per forward, in order
+        self._start = None
+
+    def wrap(self, obj, name: str, key: str) -> None:
+        orig = getattr(obj, name)
+
+        @functools.wraps(orig)
+        def timed(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return orig(*a, **kw)
+            finally:
+                self.cur[key] = self.cur.get(key, 0.0) + time.perf_counter() - t
+
+        setattr(obj, name, timed)
+
+    def wrap_schedule(self, sched) -> None:
+        orig = sched.schedule
+
+        @functools.wraps(orig)
+        def schedule(*a, **kw):
+            t = time.perf_counter()
+            so = orig(*a, **kw)
+            self.cur["schedule"] = self.cur.get("schedule", 0.0) + time.perf_counter() - t
+            n = so.total_num_scheduled_tokens
+            if n:
+                self.tokens += n
+                self.prompt_tokens |= n > len(so.num_scheduled_tokens)
+            return so
+
+        sched.schedule = schedule
+
+    def wrap_device(self, runner) -> None:
+        if not self.cuda:
+            return
+        import torch
+
+        ex, samp = runner.execute_model, runner.sample_tokens
+
+        @functools.wraps(ex)
+        def execute_model(scheduler_output, *a, **kw):
+            if kw.get("dummy_run") or not scheduler_output.total_num_scheduled_tokens:
+                return ex(scheduler_output, *a, **kw)
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+            return ex(scheduler_output, *a, **kw)
+
+        @functools.wraps(samp)
+        def sample_tokens(*a, **kw):
+            out = samp(*a, **kw)
+            if self._start is not None:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self.events.append((self._start, end))
+                self._start = None
+            return out
+
+        runner.execute_model, runner.sample_tokens = execute_model, sample_tokens
+
+    def take(self):
+        cur, tok, pre = self.cur, self.tokens, self.prompt_tokens
+        self.cur, self.tokens, self.prompt_tokens = {}, 0, False
+        return cur, tok, pre
+
+
+def _arrivals(seed: int, n: int, rate: float, lo: int, hi: int, vocab: int):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0 / rate, n))
+    lens = rng.integers(lo, hi + 1, n)
+    return [(float(t[i]), rng.integers(10, vocab - 10, int(lens[i])).tolist()) for i in range(n)]
+
+
+def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp) -> dict:
+    import numpy as np
+
+    add, first, last, count, gaps = {}, {}, {}, {}, []
+    steps = []
+    i, k = 0, 0
+    t0 = time.perf_counter()
+    timers.take()
+    while i < len(arrivals) or eng.has_unfinished_requests():
+        now = time.perf_counter() - t0
+        while i < len(arrivals) and arrivals[i][0] <= now:
+            rid = f"{name}-{k}"
+            eng.add_request(rid, {"prompt_token_ids": arrivals[i][1]}, sp)
+            add[rid] = t0 + arrivals[i][0]
+            i, k = i + 1, k + 1
+        if not eng.has_unfinished_requests():
+            time.sleep(max(0.0, arrivals[i][0] - (time.perf_counter() - t0)))
+            continue
+        ts = time.perf_counter()
+        outs = eng.step()
+        te = time.perf_counter()
+        for o in outs:
+            n = len(o.outputs[0].token_ids) if o.outputs else 0
+            prev = count.get(o.request_id, 0)
+            if n > prev:
+                if prev == 0:
+                    first[o.request_id] = te
+                else:
+                    gaps.append(te - last[o.request_id])
+                last[o.request_id] = te
+                count[o.request_id] = n
+        phases, tok, pre = timers.take()
+        if tok:
+            steps.append(("mixed" if pre else "decode", te - ts, phases))
+    ttft = [first[r] - add[r] for r in add if r in first]
+    itl = [(last[r] - first[r]) / (count[r] - 1) for r in add if count.get(r, 0) > 1]
+    short = [r for r in add if count.get(r, 0) != output_len]
+    if short:
+        raise RuntimeError(f"steps: {len(short)} requests of {name} ended with a token count other than {output_len}")
+    res = {"ttft_ms": float(np.median(ttft) * 1e3), "ttft_mean_ms": float(np.mean(ttft) * 1e3),
+           "itl_ms": float(np.mean(itl) * 1e3), "p99_itl_ms": float(np.percentile(gaps, 99) * 1e3),
+           "wall_s": time.perf_counter() - t0, "steps": {}}
+    for kind in ("mixed", "decode"):
+        sel = [s for s in steps if s[0] == kind]
+        if not sel:
+            continue
+        res["steps"][kind] = {"n": len(sel), "step_ms": float(np.median([s[1] for s in sel]) * 1e3),
+                              **{f"{p}_ms": float(np.median([s[2].get(p, 0.0) for s in sel]) * 1e3) for p in PHASES}}
+    res["_kinds"] = [s[0] for s in steps]
+    return res
+
+
+def engine(args) -> int:
+    import numpy as np
+
+    kind, _, fused = args._engine.partition(":")
+    cfg = common.load_config(args.model)
+    import torch
+
+    cuda = torch.cuda.is_available()
+    dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    names = ["plain"]
+    apps = []
+    if kind == "xmix":
+        names = args.configs.split(",")
+        apps = common.serving_apps(cfg)  # the serving deployment, whatever is switched on
+    llm, startup = common.make_llm(args.model, apps=apps, fused_writes=fused or "none", dtype=dtype,
+                                   max_model_len=args.max_model_len)
+    eng = llm.llm_engine
+    core = eng.engine_core.engine_core
+    timers = _Timers(cuda)
+    timers.wrap_schedule(core.scheduler)
+    timers.wrap(core.scheduler, "update_from_output", "update_from_output")
+    timers.wrap(core.model_executor, "execute_model", "execute_model")
+    timers.wrap(core.model_executor, "sample_tokens", "sample_tokens")
+    timers.wrap(eng.output_processor, "process_outputs", "process_outputs")
+    runner = core.model_executor.driver_worker.worker.model_runner
+    timers.wrap_device(runner)
+    lo = max(1, int(args.input_len * (1 - args.range_ratio)))
+    hi = int(args.input_len * (1 + args.range_ratio))
+    per: dict[str, list] = {n: [] for n in names}
+    for rnd in range(args.rounds + 1):
+        arr = _arrivals(rnd, args.num_prompts, args.rate, lo, hi, cfg["vocab_size"])
+        for name in names:
+            sel = None if name in ("plain", "inactive") else [name]
+            sp = common.sampling(sel, temperature=0, max_tokens=args.output_len, ignore_eos=True)
+            n_ev = len(timers.events)
+            r = _run_once(eng, timers, f"{name}-{rnd}", arr if rnd else arr[: max(20, len(arr) // 4)],
+                          args.output_len, sp)
+            if cuda:
+                torch.cuda.synchronize()
+                evs = timers.events[n_ev:]
+                kinds = r["_kinds"]
+                if len(evs) == len(kinds):
+                    for kk in ("mixed", "decode"):
+                        dev = [a.elapsed_time(b) for (a, b), k2 in zip(evs, kinds) if k2 == kk]
+                        if dev and kk in r["steps"]:
+                            r["steps"][kk]["device_ms"] = float(np.median(dev))
+                else:
+                    r["device_note"] = f"{len(evs)} forwards timed for {len(kinds)} steps: device time not paired"
+            del r["_kinds"]
+            print(f"[steps] {args._engine} round {rnd} {name}: ttft {r['ttft_ms']:.2f} ms, itl {r['itl_ms']:.3f} ms",
+                  flush=True)
+            if rnd:
+                per[name].append(r)
+    common.write_json(args.out, {"engine": args._engine, "startup_s": startup, "configs": per,
+                                 "info": common.engine_info(llm)})
+    return 0
+
+
+# ------------------------------------------------------------------------------ the table
+
+
+def _med(xs):
+    xs = [x for x in xs if x is not None]
+    return common.median(xs) if xs else None
+
+
+def summary(runs: list[dict]) -> dict:
+    """Medians over rounds of one configuration's numbers (flattened: ``mixed.step_ms`` ...)."""
+    out = {}
+    for key in ("ttft_ms", "ttft_mean_ms", "itl_ms", "p99_itl_ms"):
+        out[key] = _med([r[key] for r in runs])
+    for kind in ("mixed", "decode"):
+        for key in ["n", "step_ms", "device_ms"] + [f"{p}_ms" for p in PHASES]:
+            out[f"{kind}.{key}"] = _med([r["steps"].get(kind, {}).get(key) for r in runs])
+    return out
+
+
+def table(res: dict) -> str:
+    plain = summary(res["engines"]["plain"]["configs"]["plain"])
+    cols = ["ttft_ms", "itl_ms", "p99_itl_ms", "mixed.step_ms", "mixed.device_ms", "mixed.execute_model_ms",
+            "mixed.schedule_ms", "mixed.process_outputs_ms", "decode.step_ms", "decode.device_ms",
+            "decode.execute_model_ms"]
+    lines = [f"{res['model']}, rate {res['settings']['rate']}/s, {res['settings']['num_prompts']} prompts x "
+             f"{res['settings']['rounds']} rounds; ms (ratio to plain)",
+             "| engine | config | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+
+    def cell(v, b):
+        if v is None:
+            return "–"
+        return f"{v:.3f}" if b in (None, 0) else f"{v:.3f} ({v / b - 1:+.1%})"
+
+    lines.append("| plain | – | " + " | ".join(cell(plain[c], None) for c in cols) + " |")
+    for spec, e in res["engines"].items():
+        if spec == "plain":
+            continue
+        for name, runs in e["configs"].items():
+            s = summary(runs)
+            lines.append(f"| {spec} | {name} | " + " | ".join(cell(s[c], plain[c]) for c in cols) + " |")
+    return "\n".join(lines)
+
