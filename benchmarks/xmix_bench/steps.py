@@ -151,12 +151,12 @@ class _Timers:
         ex, samp = runner.execute_model, runner.sample_tokens
 
         @functools.wraps(ex)
-        def execute_model(scheduler_output, *a, **kw):
-            if kw.get("dummy_run") or not scheduler_output.total_num_scheduled_tokens:
-                return ex(scheduler_output, *a, **kw)
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._start.record()
-            return ex(scheduler_output, *a, **kw)
+        def execute_model(*a, **kw):
+            so = a[0] if a else kw.get("scheduler_output")
+            if not kw.get("dummy_run") and getattr(so, "total_num_scheduled_tokens", 0):
+                self._start = torch.cuda.Event(enable_timing=True)
+                self._start.record()
+            return ex(*a, **kw)
 
         @functools.wraps(samp)
         def sample_tokens(*a, **kw):
