@@ -20,7 +20,8 @@ Per configuration (medians over requests, then over rounds):
 * per kind of step (``mixed``: some prompt tokens scheduled; ``decode``): steps, ms of the whole
   ``step()`` and of its host phases (``schedule``, ``execute_model``: the forward's preparation
   and launch, ``sample_tokens``, ``update_from_output``, ``process_outputs``: the output
-  processor), and on CUDA the device ms from the start of the forward's preparation to the end
+  processor; inside those, the plugin's ``xmix_update`` (request registry), ``xmix_fill`` (the
+  step's device tables), ``xmix_snapshot`` / ``xmix_reads_of`` (read values to the host)), and on CUDA the device ms from the start of the forward's preparation to the end
   of sampling on the forward's stream (CUDA events; with async scheduling, the device time of the
   step's own work plus any wait for the host inside it).
 
@@ -39,7 +40,8 @@ import time
 from . import common
 
 HELP = "serving-like arrivals through an in-process engine: TTFT, ITL and per-step host/device time vs plain vLLM"
-PHASES = ("schedule", "execute_model", "sample_tokens", "update_from_output", "process_outputs")
+PHASES = ("schedule", "execute_model", "sample_tokens", "update_from_output", "process_outputs",
+          "xmix_update", "xmix_fill", "xmix_snapshot", "xmix_reads_of")
 
 
 def add_arguments(p) -> None:
@@ -58,6 +60,9 @@ def add_arguments(p) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 otherwise")
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--trace", default="", metavar="START,STOP",
+                   help="torch-profiler trace (CPU + CUDA, no stacks) of steps START..STOP-1 of each configuration's "
+                        "last round, summarized per kind of step (CUDA runtime calls and kernels per step) into --out")
     p.add_argument("--out", required=True, help="the JSON file to write")
     p.add_argument("--_engine", help=argparse.SUPPRESS)  # internal: one engine
 
@@ -90,7 +95,8 @@ def main(args) -> int:
 def _passthrough(args) -> list[str]:
     return ["--rate", str(args.rate), "--num-prompts", str(args.num_prompts),
             "--rounds", str(args.rounds), "--input-len", str(args.input_len), "--range-ratio", str(args.range_ratio),
-            "--output-len", str(args.output_len), "--max-model-len", str(args.max_model_len)] + (
+            "--output-len", str(args.output_len), "--max-model-len", str(args.max_model_len),
+            "--trace", args.trace] + (
         ["--dtype", args.dtype] if args.dtype else [])
 
 
@@ -185,7 +191,9 @@ def _arrivals(seed: int, n: int, rate: float, lo: int, hi: int, vocab: int):
     return [(float(t[i]), rng.integers(10, vocab - 10, int(lens[i])).tolist()) for i in range(n)]
 
 
-def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp) -> dict:
+def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp, trace=None) -> dict:
+    """One configuration's requests through the engine (see the module docstring); ``trace``:
+    (start, stop, path) to write a torch-profiler trace of those steps to."""
     import numpy as np
 
     add, first, last, count, gaps = {}, {}, {}, {}, []
@@ -203,8 +211,15 @@ def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp) ->
         if not eng.has_unfinished_requests():
             time.sleep(max(0.0, arrivals[i][0] - (time.perf_counter() - t0)))
             continue
+        prof = _trace_step(trace, len(steps))
         ts = time.perf_counter()
-        outs = eng.step()
+        if prof is not None:
+            import torch
+
+            with torch.profiler.record_function(f"xmix_step_{len(steps)}"):
+                outs = eng.step()
+        else:
+            outs = eng.step()
         te = time.perf_counter()
         for o in outs:
             n = len(o.outputs[0].token_ids) if o.outputs else 0
@@ -219,6 +234,7 @@ def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp) ->
         phases, tok, pre = timers.take()
         if tok:
             steps.append(("mixed" if pre else "decode", te - ts, phases))
+    _trace_step(trace, None)
     ttft = [first[r] - add[r] for r in add if r in first]
     itl = [(last[r] - first[r]) / (count[r] - 1) for r in add if count.get(r, 0) > 1]
     short = [r for r in add if count.get(r, 0) != output_len]
@@ -235,6 +251,90 @@ def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp) ->
                               **{f"{p}_ms": float(np.median([s[2].get(p, 0.0) for s in sel]) * 1e3) for p in PHASES}}
     res["_kinds"] = [s[0] for s in steps]
     return res
+
+
+_PROF: dict = {}
+
+
+def _trace_step(trace, i):
+    """The profiler while step ``i`` of a traced run is inside the window (started at its
+    first step, stopped and exported at its end or when ``i`` is None), else None."""
+    if trace is None:
+        return None
+    start, stop, path = trace
+    prof = _PROF.get(path)
+    if i is not None and start <= i < stop:
+        if prof is None:
+            import torch
+
+            prof = _PROF[path] = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            prof.start()
+        return prof
+    if prof is not None and (i is None or i >= stop) and not getattr(prof, "_xmix_done", False):
+        prof.stop()
+        prof.export_chrome_trace(path)
+        prof._xmix_done = True
+    return None
+
+
+def trace_summary(path: str, kinds: list[str]) -> dict:
+    """Per kind of step (``kinds[i]`` of traced step ``i``): medians per step of CUDA runtime
+    calls by name (count, host ms) and of the kernels they launched (count, device ms)."""
+    import numpy as np
+
+    with open(path) as f:
+        ev = json.load(f)["traceEvents"]
+    steps = {}
+    for e in ev:
+        n = e.get("name", "")
+        if e.get("ph") == "X" and n.startswith("xmix_step_") and e.get("cat") in ("user_annotation", "cpu_op"):
+            steps[int(n[len("xmix_step_"):])] = (e["ts"], e["ts"] + e["dur"])
+    order = sorted(steps.items(), key=lambda kv: kv[1][0])
+    starts = [v[0] for _, v in order]
+    import bisect
+
+    def step_of(ts):
+        k = bisect.bisect_right(starts, ts) - 1
+        if k >= 0 and ts <= order[k][1][1]:
+            return order[k][0]
+        return None
+
+    calls: dict = {}
+    corr: dict = {}
+    for e in ev:
+        if e.get("ph") != "X" or e.get("cat") != "cuda_runtime":
+            continue
+        i = step_of(e["ts"])
+        if i is None:
+            continue
+        d = calls.setdefault(i, {})
+        c = d.setdefault(e["name"], [0, 0.0])
+        c[0] += 1
+        c[1] += e["dur"] / 1e3
+        if "correlation" in e.get("args", {}):
+            corr[e["args"]["correlation"]] = i
+    kern: dict = {}
+    for e in ev:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            i = corr.get(e.get("args", {}).get("correlation"))
+            if i is not None:
+                k = kern.setdefault(i, [0, 0.0])
+                k[0] += 1
+                k[1] += e["dur"] / 1e3
+    out = {}
+    for kind in ("mixed", "decode"):
+        idx = [i for i in steps if i < len(kinds) and kinds[i] == kind]
+        if not idx:
+            continue
+        names = sorted({n for i in idx for n in calls.get(i, {})})
+        out[kind] = {"n": len(idx), "host_ms": float(np.median([steps[i][1] - steps[i][0] for i in idx]) / 1e3),
+                     "kernels": float(np.median([kern.get(i, [0, 0])[0] for i in idx])),
+                     "kernel_ms": float(np.median([kern.get(i, [0, 0.0])[1] for i in idx])),
+                     "runtime": {n: [float(np.median([calls.get(i, {}).get(n, [0, 0])[0] for i in idx])),
+                                     float(np.median([calls.get(i, {}).get(n, [0, 0.0])[1] for i in idx]))]
+                                 for n in names}}
+    return out
 
 
 def engine(args) -> int:
@@ -263,6 +363,12 @@ def engine(args) -> int:
     timers.wrap(eng.output_processor, "process_outputs", "process_outputs")
     runner = core.model_executor.driver_worker.worker.model_runner
     timers.wrap_device(runner)
+    if kind == "xmix":  # the plugin's own parts of the step (inside execute_model / sample_tokens)
+        st = common.xmix_state(llm)
+        timers.wrap(st.slots, "update_requests", "xmix_update")
+        timers.wrap(st.step, "fill", "xmix_fill")
+        timers.wrap(st.reads, "snapshot", "xmix_snapshot")
+        timers.wrap(st.reads, "reads_of", "xmix_reads_of")
     lo = max(1, int(args.input_len * (1 - args.range_ratio)))
     hi = int(args.input_len * (1 + args.range_ratio))
     per: dict[str, list] = {n: [] for n in names}
@@ -272,8 +378,15 @@ def engine(args) -> int:
             sel = None if name in ("plain", "inactive") else [name]
             sp = common.sampling(sel, temperature=0, max_tokens=args.output_len, ignore_eos=True)
             n_ev = len(timers.events)
+            trace = None
+            if args.trace and rnd == args.rounds:
+                a, b = (int(x) for x in args.trace.split(","))
+                trace = (a, b, os.path.join(os.path.dirname(os.path.abspath(args.out)), f"trace-{name}.json"))
             r = _run_once(eng, timers, f"{name}-{rnd}", arr if rnd else arr[: max(20, len(arr) // 4)],
-                          args.output_len, sp)
+                          args.output_len, sp, trace)
+            if trace is not None:
+                r["trace"] = trace_summary(trace[2], r["_kinds"])
+                os.remove(trace[2])
             if cuda:
                 torch.cuda.synchronize()
                 evs = timers.events[n_ev:]
