@@ -184,3 +184,41 @@ def test_buffer_limits_and_prompt_embeds_are_checked_before_workers_start(tiny_l
     s.write("add", vector=W).layers([1]).cond(tokens=[5])
     with pytest.raises(ValueError, match=r"token conditions .* enable_prompt_embeds"):
         make_llm(tiny_llama, "eager", additional_config=deploy(s), enable_prompt_embeds=True)
+
+
+def test_read_snapshots_reuse_their_host_buffers_and_keep_each_steps_values():
+    """The transport's snapshots of successive steps (as with async scheduling: a later step's
+    snapshot taken before an earlier one is split) each keep their own values; buffers come
+    back once split and are reused, a larger step gets a larger one. On CPU the snapshot is a
+    clone; on CUDA a pooled pinned buffer."""
+    import torch
+
+    from vllm_xmix.runtime.reads import ReadTransport
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    out = torch.zeros(300, 2, device=dev)
+    rt = ReadTransport(out)
+    info = (("all", 0, 1, "probe", "app", "p", 3),)
+
+    def step(T, v):
+        out[:T, 0] = torch.arange(T, device=dev, dtype=torch.float32) + v
+        rt.step_reads = [("r", 0, T, 10, info, 5)]
+        rt.snapshot()
+
+    def values(snap):
+        (chunk,) = rt.reads_of(snap)["r"]
+        return np.frombuffer(chunk[-1], dtype=np.float32).tolist()
+
+    step(8, 100.0)
+    step(8, 200.0)  # before the first is split
+    assert values(rt.pop_snapshot()) == [100.0 + i for i in range(8)]
+    assert values(rt.pop_snapshot()) == [200.0 + i for i in range(8)]
+    if dev == "cuda":
+        assert len(rt._free) == 2
+        bufs = {b.data_ptr() for b, _ in rt._free}
+        step(8, 300.0)
+        assert rt._snapshots[-1][0].data_ptr() in bufs  # reused
+        assert values(rt.pop_snapshot()) == [300.0 + i for i in range(8)]
+        step(200, 400.0)  # larger than the pooled buffers (64 rows): a new one
+        snap = rt.pop_snapshot()
+        assert snap[0].shape[0] >= 200 and values(snap) == [400.0 + i for i in range(200)]

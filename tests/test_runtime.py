@@ -361,3 +361,76 @@ def test_token_history_of_new_slots_is_staged_whatever_the_prompt_lengths():
         st.update_requests(so)
         st.fill(list(prompts), np.array([1, 1, 1]))
     assert hist[st.req_slot["c"], :39].tolist() == prompts["c"]
+
+
+def _two_app_state(max_slots=6, max_tokens=16):
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.runtime import XmixState
+    from vllm_xmix.spec import parse_deployment
+
+    a = MIApp("steer")
+    a.write("add", vector=unit_rms(0), scale=0.5).layers([1, 2])
+    b = MIApp("seal")
+    b.write("add", vector=unit_rms(1)).layers([1]).cond(tokens=[5])
+    return XmixState.build(parse_deployment(deploy(a, b)["xmix"]), 4, 64, torch.device("cpu"), max_tokens,
+                           max_slots, vocab_size=100, max_model_len=40)
+
+
+def _req(rid, apps, prompt=(1, 2, 3)):
+    return NS(req_id=rid, sampling_params=NS(extra_args={"xmix": {"apps": apps}}), prompt_token_ids=list(prompt),
+              num_computed_tokens=0)
+
+
+def test_a_selection_row_is_built_once_and_cannot_be_changed():
+    from vllm_xmix.spec import XmixSpecError
+
+    st = _two_app_state()
+    reg = st.slots
+    r1 = reg.request_row({"xmix": {"apps": [{"name": "steer"}]}})
+    r2 = reg.request_row({"xmix": {"apps": [{"name": "steer"}]}})
+    assert r1 is r2 and not r1.flags.writeable
+    with pytest.raises(ValueError):
+        r1[0] = 3.0
+    half = reg.request_row({"xmix": {"apps": [{"name": "steer", "scale": 0.25}]}})
+    steer = [i for i, e in enumerate(st.layout.entries) if e.app == "steer"]
+    assert r1[steer].tolist() == [0.5, 0.5] and half[steer].tolist() == [0.25, 0.25]
+    assert reg.request_row({"xmix": {"apps": [{"name": "steer", "scale": 0.0}]}}) is None
+    for _ in range(2):  # a refused selection is refused every time, never remembered as a row
+        with pytest.raises(XmixSpecError, match="nope"):
+            reg.request_row({"xmix": {"apps": [{"name": "nope"}]}})
+
+
+@pytest.mark.parametrize("n_new", [1, 2, 3, 5])
+def test_rows_of_new_slots_reach_the_coefficient_table(n_new):
+    """One or two new slots in a step are uploaded row by row, more through one index_copy_:
+    either way each slot's row and prompt length land in its own slot, and other slots keep
+    theirs."""
+    st = _two_app_state()
+    scales = [0.1 * (i + 1) for i in range(n_new)]
+    reqs = [_req(f"r{i}", [{"name": "steer", "scale": s}], prompt=range(2 + i)) for i, s in enumerate(scales)]
+    so = NS(finished_req_ids=set(), preempted_req_ids=set(), scheduled_new_reqs=reqs,
+            scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[]))
+    st.update_requests(so)
+    st.fill([r.req_id for r in reqs], np.array([1] * n_new))
+    steer = [i for i, e in enumerate(st.layout.entries) if e.app == "steer"]
+    for r, s in zip(reqs, scales):
+        slot = st.req_slot[r.req_id]
+        assert st.layout.coef[slot, steer].tolist() == pytest.approx([s, s])
+        assert int(st.conditions.slot_plen[slot]) == len(r.prompt_token_ids)
+    held = {st.req_slot[r.req_id] for r in reqs}
+    free = [s for s in range(1, st.layout.max_slots) if s not in held]
+    assert st.layout.coef[free].abs().sum() == 0
+
+
+def test_only_requests_with_token_conditions_stage_their_prompt():
+    st = _two_app_state()
+    so = NS(finished_req_ids=set(), preempted_req_ids=set(),
+            scheduled_new_reqs=[_req("s", [{"name": "steer"}], prompt=range(10, 20)),
+                                _req("t", [{"name": "seal"}], prompt=range(30, 40))],
+            scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[]))
+    st.update_requests(so)
+    assert "s" not in st.slots.req_prompt and st.slots.req_prompt["t"].tolist() == list(range(30, 40))
+    st.fill(["s", "t"], np.array([1, 1]))
+    hist = st.conditions.hist
+    assert hist[st.req_slot["t"], :10].tolist() == list(range(30, 40))
+    assert hist[st.req_slot["s"]].abs().sum() == 0

@@ -13,16 +13,33 @@ from __future__ import annotations
 import torch
 
 
+#: pinned snapshot buffers kept for reuse (vLLM has one or two steps' outputs pending)
+_POOL = 4
+
+
 class ReadTransport:
     """Pending read snapshots of one model instance.
 
     ``step_reads``: what the step fill recorded for the current step, per request with a read
-    on: ``(req_id, first row, n rows, first position, read infos, prompt length)``."""
+    on: ``(req_id, first row, n rows, first position, read infos, prompt length)``. On CUDA the
+    snapshots go to pinned host buffers (with their events) that are reused once their values
+    were split (:meth:`reads_of`): no pinned allocation and no event creation per step."""
 
     def __init__(self, out: torch.Tensor) -> None:
         self.out = out
         self.step_reads: list[tuple] = []
         self._snapshots: list = []
+        self._free: list[tuple[torch.Tensor, object]] = []
+
+    def _buffer(self, rows: int):
+        """A pinned ``[>= rows, n_cols]`` buffer and its event: a free one that is large enough,
+        else a new one (rows rounded up to a power of two, at least 64)."""
+        for i, (host, event) in enumerate(self._free):
+            if host.shape[0] >= rows:
+                return self._free.pop(i)
+        n = max(64, 1 << (rows - 1).bit_length())
+        return (torch.empty((n,) + tuple(self.out.shape[1:]), dtype=self.out.dtype, device="cpu", pin_memory=True),
+                torch.cuda.Event())
 
     def snapshot(self) -> None:
         """After the forward is enqueued: copy this step's read rows out of ``out`` to host
@@ -32,31 +49,30 @@ class ReadTransport:
         T = max(sr[1] + sr[2] for sr in self.step_reads)
         src = self.out[:T]
         if src.is_cuda:
-            host = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=True)
-            host.copy_(src, non_blocking=True)
-            event = torch.cuda.Event()
+            buf, event = self._buffer(T)
+            buf[:T].copy_(src, non_blocking=True)
             event.record()
         else:
-            host, event = src.clone(), None
-        self._snapshots.append((host, event, self.step_reads))
+            buf, event = src.clone(), None
+        self._snapshots.append((buf, event, self.step_reads, T))
         self.step_reads = []
 
     def pop_snapshot(self):
         """The oldest pending snapshot (FIFO: one per forward that had a read on), or None."""
         return self._snapshots.pop(0) if self._snapshots else None
 
-    @staticmethod
-    def reads_of(snapshot) -> dict[str, list]:
-        """A snapshot as ``{req_id: [chunk, ...]}`` (waits for its device-to-host copy).
+    def reads_of(self, snapshot) -> dict[str, list]:
+        """A snapshot as ``{req_id: [chunk, ...]}`` (waits for its device-to-host copy; its
+        buffer is then free for a later step's snapshot).
 
         A chunk is ``(app, name, layer, tag, pos0, n, width, float32 bytes [n, width])`` (``tag``:
         ``"probe"`` or the capture's ``positions``): the values of one read entry for positions
         ``pos0 .. pos0+n-1`` of the request, already restricted to the positions the read returns
         (captures with ``generated`` / ``last``)."""
-        host, event, rows = snapshot
+        buf, event, rows, T = snapshot
         if event is not None:
             event.synchronize()
-        vals = host.numpy()
+        vals = buf[:T].numpy()
         out: dict[str, list] = {}
         for rid, r0, n, pos0, reads, P in rows:
             chunks = out.setdefault(rid, [])
@@ -70,4 +86,6 @@ class ReadTransport:
                     continue
                 block = vals[r0 + lo - pos0: r0 + hi - pos0, col: col + width]
                 chunks.append((app, name, layer, tag, lo, hi - lo, width, block.tobytes()))
+        if event is not None and len(self._free) < _POOL:  # (the chunks hold copies of the values)
+            self._free.append((buf, event))
         return out

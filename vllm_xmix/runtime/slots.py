@@ -9,17 +9,21 @@ the slots run out. App-free requests have no row and share the null slot 0.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
 
 from ..spec import CONFIG_KEY, XmixSpecError, parse_request_apps
+from .conditions import CK_TOKENS, CK_TOKENS_PREV
 from .layout import DeviceLayout
 from .variants import GraphVariants
 
 logger = logging.getLogger("vllm.xmix")
 
 NULL_SLOT = 0
+#: distinct selections whose coefficient rows are kept (most deployments see a handful)
+_ROW_CACHE = 4096
 
 
 class SlotRegistry:
@@ -44,17 +48,39 @@ class SlotRegistry:
         self.req_prompt: dict[str, np.ndarray] = {}  # int32 prompt ids (token conditions only)
         self.preempted: dict[str, None] = {}  # preempted requests keep their slot (and its state)
         self.step_pos: dict[str, int] = {}
+        # entries gated on token ids: only requests with one of them on need their prompt staged
+        self._tok_cond = np.array([e.ckind in (CK_TOKENS, CK_TOKENS_PREV) for e in layout.entries], dtype=bool)
+        self._rows: dict[str, np.ndarray | None] = {}
 
     def request_row(self, extra_args: dict | None) -> np.ndarray | None:
-        """Coefficient row ``[n_entries]`` float32 for a request's ``SamplingParams.extra_args``,
-        or None if no app is on.
+        """Coefficient row ``[n_entries]`` float32 (read-only, shared by requests with the same
+        selection) for a request's ``SamplingParams.extra_args``, or None if no app is on.
+
+        The row of a selection is built once (a new request is on the host path of a prefill
+        step, which in vLLM's piecewise-graph mode waits for the host): keyed by the canonical
+        JSON of the selection the front end wrote.
 
         Raises:
             XmixSpecError: an unknown app or a malformed selection (the front end validates
             requests first, so this is a second line of defence)."""
         if not extra_args or CONFIG_KEY not in extra_args:
             return None
-        apps = parse_request_apps(extra_args[CONFIG_KEY], field="extra_args.xmix")
+        raw = extra_args[CONFIG_KEY]
+        try:
+            key = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError):  # not JSON-shaped: parsed (and refused) below, never cached
+            key = None
+        if key is not None and key in self._rows:
+            return self._rows[key]
+        row = self._build_row(raw)
+        if key is not None:
+            if len(self._rows) >= _ROW_CACHE:
+                self._rows.clear()
+            self._rows[key] = row
+        return row
+
+    def _build_row(self, raw) -> np.ndarray | None:
+        apps = parse_request_apps(raw, field="extra_args.xmix")
         if not apps:
             return None
         lay = self.layout
@@ -71,7 +97,10 @@ class SlotRegistry:
                     row[e_idx] = 0.0 if ra.scale == 0 else 1.0
                 else:
                     row[e_idx] = e.default_scale if ra.scale is None else ra.scale
-        return row if row.any() else None
+        if not row.any():
+            return None
+        row.flags.writeable = False
+        return row
 
     def update_requests(self, scheduler_output) -> None:
         """Registry update from a ``SchedulerOutput`` (called before the model runner's own
@@ -94,7 +123,7 @@ class SlotRegistry:
                 self.variants.add_request(nr.req_id, row)
                 P = len(nr.prompt_token_ids) if nr.prompt_token_ids is not None else len(nr.prompt_embeds)
                 self.req_plen[nr.req_id] = P
-                if cond.has_token_cond and nr.prompt_token_ids is not None:
+                if cond.has_token_cond and nr.prompt_token_ids is not None and (row[self._tok_cond] != 0).any():
                     self.req_prompt[nr.req_id] = np.asarray(nr.prompt_token_ids, dtype=np.int32)
                 reads = np.flatnonzero(lay.returned_mask & (row != 0))
                 if reads.size:

@@ -26,6 +26,9 @@ logger = logging.getLogger("vllm.xmix")
 #: pinned staging buffers for the per-step uploads, used in turn: a buffer is written again only
 #: after the copy that read it has run (vLLM keeps one or two steps in flight)
 RING = 4
+#: new slots uploaded row by row (one host-to-device copy each, no allocation, no kernel); more
+#: in one step go through one ``index_copy_``
+_DIRECT_ROWS = 2
 
 
 @dataclass
@@ -141,21 +144,29 @@ class StepFill:
                 L = cond.hist.shape[1]
                 buf = self._prompt_buffer(stage, sum(min(len(p), L) for *_, p in reg.pending_rows if p is not None))
                 at = 0
+            new_slots = [p[0] for p in reg.pending_rows]
+            idx_h, rows_h, plen_h = stage.idx.numpy(), stage.rows.numpy(), stage.plen.numpy()
             for i, (s, row, plen, prompt) in enumerate(reg.pending_rows):
-                stage.idx[i] = s
-                stage.rows[i].numpy()[:] = row
-                stage.plen[i] = plen
+                idx_h[i] = s
+                rows_h[i] = row
+                plen_h[i] = plen
                 if prompt is not None and cond.has_token_cond:  # for a first chunk after a cache hit
                     m = min(len(prompt), L)
                     buf.numpy()[at: at + m] = prompt[:m]
                     cond.hist[s, :m].copy_(buf[at: at + m], non_blocking=True)
                     at += m
             reg.pending_rows.clear()
-            rows = stage.rows[:k].to(lay.device, non_blocking=True)
-            idx = stage.idx[:k].to(lay.device, non_blocking=True)
-            lay.coef.index_copy_(0, idx, rows)
-            if cond.has_cond:
-                cond.slot_plen.index_copy_(0, idx, stage.plen[:k].to(lay.device, non_blocking=True))
+            if k <= _DIRECT_ROWS:  # the common case (a new request or two): one copy per row, no kernel
+                for i, s in enumerate(new_slots):
+                    lay.coef[s].copy_(stage.rows[i], non_blocking=True)
+                    if cond.has_cond:
+                        cond.slot_plen[s: s + 1].copy_(stage.plen[i: i + 1], non_blocking=True)
+            else:
+                rows = stage.rows[:k].to(lay.device, non_blocking=True)
+                idx = stage.idx[:k].to(lay.device, non_blocking=True)
+                lay.coef.index_copy_(0, idx, rows)
+                if cond.has_cond:
+                    cond.slot_plen.index_copy_(0, idx, stage.plen[:k].to(lay.device, non_blocking=True))
         if stage.event is not None:
             stage.event.record()
         self.high_water = T if any_on else 0
