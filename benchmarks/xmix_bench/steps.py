@@ -17,7 +17,9 @@ Per configuration (medians over requests, then over rounds):
 * ``ttft_ms``: arrival to the end of the ``step()`` that returned the request's first token;
   ``itl_ms``: per request, (last token - first token) / (tokens - 1); ``p99_itl_ms``: 99th
   percentile of the gaps between a request's consecutive token arrivals;
-* per kind of step (``mixed``: some prompt tokens scheduled; ``decode``): steps, ms of the whole
+* per kind of step (``mixed``: some prompt tokens scheduled, split into ``mixed_graph`` and
+  ``mixed_eager`` by whether the step fits the largest captured CUDA graph; ``decode``): steps,
+  median tokens, ms of the whole
   ``step()`` and of its host phases (``schedule``, ``execute_model``: the forward's preparation
   and launch, ``sample_tokens``, ``update_from_output``, ``process_outputs``: the output
   processor; inside those, the plugin's ``xmix_update`` (request registry), ``xmix_fill`` (the
@@ -25,7 +27,9 @@ Per configuration (medians over requests, then over rounds):
   of sampling on the forward's stream (CUDA events; with async scheduling, the device time of the
   step's own work plus any wait for the host inside it).
 
-Ratios to plain vLLM are printed and written with the raw numbers to ``--out`` (JSON).
+Per step (``per_step``: whether it was mixed, tokens, ms of ``step()``, of ``execute_model`` and
+on the device), so steps of equal size can be compared across engines. Ratios to plain vLLM are
+printed and written with the raw numbers to ``--out`` (JSON).
 """
 
 from __future__ import annotations
@@ -61,8 +65,11 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 otherwise")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--trace", default="", metavar="START,STOP",
-                   help="torch-profiler trace (CPU + CUDA, no stacks) of steps START..STOP-1 of each configuration's "
-                        "last round, summarized per kind of step (CUDA runtime calls and kernels per step) into --out")
+                   help="one more round, not measured, with a torch-profiler trace (CPU + CUDA, no stacks) of its "
+                        "steps START..STOP-1 per configuration of --trace-configs, summarized per kind of step "
+                        "(CUDA runtime calls, kernels, host ops by name) into --out under 'traced'")
+    p.add_argument("--trace-configs", default="inactive,steer_all,probe_one",
+                   help="the configurations of the traced round (plain vLLM's engine traces its own)")
     p.add_argument("--out", required=True, help="the JSON file to write")
     p.add_argument("--_engine", help=argparse.SUPPRESS)  # internal: one engine
 
@@ -96,7 +103,7 @@ def _passthrough(args) -> list[str]:
     return ["--rate", str(args.rate), "--num-prompts", str(args.num_prompts),
             "--rounds", str(args.rounds), "--input-len", str(args.input_len), "--range-ratio", str(args.range_ratio),
             "--output-len", str(args.output_len), "--max-model-len", str(args.max_model_len),
-            "--trace", args.trace] + (
+            "--trace", args.trace, "--trace-configs", args.trace_configs] + (
         ["--dtype", args.dtype] if args.dtype else [])
 
 
@@ -191,9 +198,10 @@ def _arrivals(seed: int, n: int, rate: float, lo: int, hi: int, vocab: int):
     return [(float(t[i]), rng.integers(10, vocab - 10, int(lens[i])).tolist()) for i in range(n)]
 
 
-def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp, trace=None) -> dict:
-    """One configuration's requests through the engine (see the module docstring); ``trace``:
-    (start, stop, path) to write a torch-profiler trace of those steps to."""
+def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp, cap: int, trace=None) -> dict:
+    """One configuration's requests through the engine (see the module docstring); ``cap``: the
+    largest CUDA-graph size (steps with more tokens run without graphs); ``trace``: (start,
+    stop, path) to write a torch-profiler trace of those steps to."""
     import numpy as np
 
     add, first, last, count, gaps = {}, {}, {}, {}, []
@@ -233,7 +241,7 @@ def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp, tr
                 count[o.request_id] = n
         phases, tok, pre = timers.take()
         if tok:
-            steps.append(("mixed" if pre else "decode", te - ts, phases))
+            steps.append(("mixed" if pre else "decode", te - ts, phases, tok))
     _trace_step(trace, None)
     ttft = [first[r] - add[r] for r in add if r in first]
     itl = [(last[r] - first[r]) / (count[r] - 1) for r in add if count.get(r, 0) > 1]
@@ -243,14 +251,31 @@ def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp, tr
     res = {"ttft_ms": float(np.median(ttft) * 1e3), "ttft_mean_ms": float(np.mean(ttft) * 1e3),
            "itl_ms": float(np.mean(itl) * 1e3), "p99_itl_ms": float(np.percentile(gaps, 99) * 1e3),
            "wall_s": time.perf_counter() - t0, "steps": {}}
-    for kind in ("mixed", "decode"):
-        sel = [s for s in steps if s[0] == kind]
+    kinds = _kinds(steps, cap)
+    for kind in KINDS:
+        sel = [s for s, k in zip(steps, kinds) if kind in k]
         if not sel:
             continue
         res["steps"][kind] = {"n": len(sel), "step_ms": float(np.median([s[1] for s in sel]) * 1e3),
+                              "tokens": float(np.median([s[3] for s in sel])),
                               **{f"{p}_ms": float(np.median([s[2].get(p, 0.0) for s in sel]) * 1e3) for p in PHASES}}
-    res["_kinds"] = [s[0] for s in steps]
+    res["per_step"] = {"mixed": [int(s[0] == "mixed") for s in steps], "tokens": [s[3] for s in steps],
+                       "step_ms": [round(s[1] * 1e3, 4) for s in steps],
+                       "execute_model_ms": [round(s[2].get("execute_model", 0.0) * 1e3, 4) for s in steps]}
+    res["_kinds"] = kinds
     return res
+
+
+#: kinds of step: ``decode``; ``mixed`` (some prompt tokens), split into ``mixed_graph`` (at most
+#: the largest captured CUDA-graph size: piecewise graphs) and ``mixed_eager`` (more tokens: the
+#: compiled pieces run without graphs, and every hook op runs its Python)
+KINDS = ("decode", "mixed", "mixed_graph", "mixed_eager")
+
+
+def _kinds(steps, cap: int) -> list[tuple[str, ...]]:
+    """Per step, the kinds it counts under (see :data:`KINDS`)."""
+    return [("decode",) if s[0] == "decode" else ("mixed", "mixed_graph" if s[3] <= cap else "mixed_eager")
+            for s in steps]
 
 
 _PROF: dict = {}
@@ -278,9 +303,11 @@ def _trace_step(trace, i):
     return None
 
 
-def trace_summary(path: str, kinds: list[str]) -> dict:
-    """Per kind of step (``kinds[i]`` of traced step ``i``): medians per step of CUDA runtime
-    calls by name (count, host ms) and of the kernels they launched (count, device ms)."""
+def trace_summary(path: str, kinds: list[tuple[str, ...]], top: int = 40) -> dict:
+    """Per kind of step (``kinds[i]``: the kinds traced step ``i`` counts under): medians per
+    step of CUDA runtime calls by name (count, host ms) and of the kernels they launched (count,
+    device ms); and, by name, the ``top`` host ops (torch ops and Python-level annotations:
+    inclusive ms, so nested ops count in each) and kernels by mean ms per step."""
     import numpy as np
 
     with open(path) as f:
@@ -302,7 +329,15 @@ def trace_summary(path: str, kinds: list[str]) -> dict:
 
     calls: dict = {}
     corr: dict = {}
+    ops: dict = {}
     for e in ev:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") and \
+                not e.get("name", "").startswith("xmix_step_"):
+            i = step_of(e["ts"])
+            if i is not None:
+                c = ops.setdefault(i, {}).setdefault(e["name"], [0, 0.0])
+                c[0] += 1
+                c[1] += e["dur"] / 1e3
         if e.get("ph") != "X" or e.get("cat") != "cuda_runtime":
             continue
         i = step_of(e["ts"])
@@ -315,6 +350,7 @@ def trace_summary(path: str, kinds: list[str]) -> dict:
         if "correlation" in e.get("args", {}):
             corr[e["args"]["correlation"]] = i
     kern: dict = {}
+    kname: dict = {}
     for e in ev:
         if e.get("ph") == "X" and e.get("cat") == "kernel":
             i = corr.get(e.get("args", {}).get("correlation"))
@@ -322,9 +358,23 @@ def trace_summary(path: str, kinds: list[str]) -> dict:
                 k = kern.setdefault(i, [0, 0.0])
                 k[0] += 1
                 k[1] += e["dur"] / 1e3
+                c = kname.setdefault(i, {}).setdefault(e["name"][:120], [0, 0.0])
+                c[0] += 1
+                c[1] += e["dur"] / 1e3
+
+    def by_name(per_step: dict, idx: list[int]) -> dict:
+        tot: dict = {}
+        for i in idx:
+            for n, (c, ms) in per_step.get(i, {}).items():
+                t = tot.setdefault(n, [0.0, 0.0])
+                t[0] += c / len(idx)
+                t[1] += ms / len(idx)
+        best = sorted(tot.items(), key=lambda kv: -kv[1][1])[:top]
+        return {n: [round(c, 2), round(ms, 4)] for n, (c, ms) in best}
+
     out = {}
-    for kind in ("mixed", "decode"):
-        idx = [i for i in steps if i < len(kinds) and kinds[i] == kind]
+    for kind in KINDS:
+        idx = [i for i in steps if i < len(kinds) and kind in kinds[i]]
         if not idx:
             continue
         names = sorted({n for i in idx for n in calls.get(i, {})})
@@ -333,7 +383,8 @@ def trace_summary(path: str, kinds: list[str]) -> dict:
                      "kernel_ms": float(np.median([kern.get(i, [0, 0.0])[1] for i in idx])),
                      "runtime": {n: [float(np.median([calls.get(i, {}).get(n, [0, 0])[0] for i in idx])),
                                      float(np.median([calls.get(i, {}).get(n, [0, 0.0])[1] for i in idx]))]
-                                 for n in names}}
+                                 for n in names},
+                     "host_ops": by_name(ops, idx), "kernel_names": by_name(kname, idx)}
     return out
 
 
@@ -369,21 +420,27 @@ def engine(args) -> int:
         timers.wrap(st.step, "fill", "xmix_fill")
         timers.wrap(st.reads, "snapshot", "xmix_snapshot")
         timers.wrap(st.reads, "reads_of", "xmix_reads_of")
+    cc = eng.vllm_config.compilation_config
+    cap = int(cc.max_cudagraph_capture_size or 0) if str(cc.cudagraph_mode) != "CUDAGraphMode.NONE" else 0
     lo = max(1, int(args.input_len * (1 - args.range_ratio)))
     hi = int(args.input_len * (1 + args.range_ratio))
     per: dict[str, list] = {n: [] for n in names}
-    for rnd in range(args.rounds + 1):
+    traced: dict[str, dict] = {}
+    traced_names = [n for n in names if n in args.trace_configs.split(",") or n == "plain"]
+    for rnd in range(args.rounds + 1 + bool(args.trace)):
         arr = _arrivals(rnd, args.num_prompts, args.rate, lo, hi, cfg["vocab_size"])
-        for name in names:
+        tracing = rnd > args.rounds  # the extra, profiled round: its numbers are not the measurement
+        for name in (traced_names if tracing else names):
             sel = None if name in ("plain", "inactive") else [name]
             sp = common.sampling(sel, temperature=0, max_tokens=args.output_len, ignore_eos=True)
             n_ev = len(timers.events)
             trace = None
-            if args.trace and rnd == args.rounds:
+            if tracing:
                 a, b = (int(x) for x in args.trace.split(","))
+                os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
                 trace = (a, b, os.path.join(os.path.dirname(os.path.abspath(args.out)), f"trace-{name}.json"))
             r = _run_once(eng, timers, f"{name}-{rnd}", arr if rnd else arr[: max(20, len(arr) // 4)],
-                          args.output_len, sp, trace)
+                          args.output_len, sp, cap, trace)
             if trace is not None:
                 r["trace"] = trace_summary(trace[2], r["_kinds"])
                 os.remove(trace[2])
@@ -392,8 +449,10 @@ def engine(args) -> int:
                 evs = timers.events[n_ev:]
                 kinds = r["_kinds"]
                 if len(evs) == len(kinds):
-                    for kk in ("mixed", "decode"):
-                        dev = [a.elapsed_time(b) for (a, b), k2 in zip(evs, kinds) if k2 == kk]
+                    dev_all = [a.elapsed_time(b) for a, b in evs]
+                    r["per_step"]["device_ms"] = [round(x, 4) for x in dev_all]
+                    for kk in KINDS:
+                        dev = [x for x, k2 in zip(dev_all, kinds) if kk in k2]
                         if dev and kk in r["steps"]:
                             r["steps"][kk]["device_ms"] = float(np.median(dev))
                 else:
@@ -401,10 +460,12 @@ def engine(args) -> int:
             del r["_kinds"]
             print(f"[steps] {args._engine} round {rnd} {name}: ttft {r['ttft_ms']:.2f} ms, itl {r['itl_ms']:.3f} ms",
                   flush=True)
-            if rnd:
+            if tracing:
+                traced[name] = r
+            elif rnd:
                 per[name].append(r)
-    common.write_json(args.out, {"engine": args._engine, "startup_s": startup, "configs": per,
-                                 "info": common.engine_info(llm)})
+    common.write_json(args.out, {"engine": args._engine, "startup_s": startup, "configs": per, "traced": traced,
+                                 "cudagraph_capture_max": cap, "info": common.engine_info(llm)})
     return 0
 
 
@@ -421,8 +482,8 @@ def summary(runs: list[dict]) -> dict:
     out = {}
     for key in ("ttft_ms", "ttft_mean_ms", "itl_ms", "p99_itl_ms"):
         out[key] = _med([r[key] for r in runs])
-    for kind in ("mixed", "decode"):
-        for key in ["n", "step_ms", "device_ms"] + [f"{p}_ms" for p in PHASES]:
+    for kind in KINDS:
+        for key in ["n", "tokens", "step_ms", "device_ms"] + [f"{p}_ms" for p in PHASES]:
             out[f"{kind}.{key}"] = _med([r["steps"].get(kind, {}).get(key) for r in runs])
     return out
 
@@ -430,8 +491,8 @@ def summary(runs: list[dict]) -> dict:
 def table(res: dict) -> str:
     plain = summary(res["engines"]["plain"]["configs"]["plain"])
     cols = ["ttft_ms", "itl_ms", "p99_itl_ms", "mixed.step_ms", "mixed.device_ms", "mixed.execute_model_ms",
-            "mixed.schedule_ms", "mixed.process_outputs_ms", "decode.step_ms", "decode.device_ms",
-            "decode.execute_model_ms"]
+            "mixed_graph.n", "mixed_graph.execute_model_ms", "mixed_eager.n", "mixed_eager.execute_model_ms",
+            "decode.step_ms", "decode.device_ms", "decode.execute_model_ms"]
     lines = [f"{res['model']}, rate {res['settings']['rate']}/s, {res['settings']['num_prompts']} prompts x "
              f"{res['settings']['rounds']} rounds; ms (ratio to plain)",
              "| engine | config | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
