@@ -1,0 +1,100 @@
+"""vllm_xmix.apps against their HF references on random-weight models (CPU, real vLLM, fp32).
+
+Refusal-direction ablation (Arditi et al. 2024) must equal the paper's weight orthogonalisation:
+an HF model whose embedding, attention-output and MLP-down weights were orthogonalised against r,
+decoded greedily, gives the tokens the ablation app gives in vLLM."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import PROMPTS, close_llm, make_llm
+
+N_NEW = 8
+
+
+def orthogonalised_hf(model_dir: str, r: np.ndarray):
+    """The HF model with every matrix that writes to the residual stream orthogonalised against
+    ``r`` (Arditi et al. 2024, section 4.1): ``W_E <- W_E - (W_E r) r^T`` for the token
+    embedding, ``W <- W - r (r^T W)`` for each attention ``o_proj`` and MLP ``down_proj``."""
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    rt = torch.from_numpy(r / np.linalg.norm(r)).float()
+    with torch.no_grad():
+        E = m.model.embed_tokens.weight
+        tied = m.get_output_embeddings() is not None and m.get_output_embeddings().weight is E
+        if not tied:  # the unembedding reads the stream, it does not write it: left as it is
+            m.lm_head.weight.data = m.lm_head.weight.data.clone()
+        E -= torch.outer(E @ rt, rt)
+        for layer in m.model.layers:
+            for W in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+                W -= torch.outer(rt, rt @ W)
+    return m
+
+
+@torch.no_grad()
+def greedy(m, ids: list[int], n: int) -> list[int]:
+    ids = list(ids)
+    for _ in range(n):
+        ids.append(int(m(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[-n:]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_refusal_ablation_equals_weight_orthogonalisation(arch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from vllm_xmix import SamplingParams, deploy
+    from vllm_xmix.apps import refusal_ablation
+    from vllm_xmix.tiny import build_tiny_model
+
+    model = build_tiny_model(arch, root=tmp_path / arch)
+    plain = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    # a direction the stream really has: the embedding of a prompt token (a random direction in a
+    # random model would change too few tokens for the comparison to mean anything)
+    r = plain.model.embed_tokens.weight[PROMPTS[0][1]].detach().numpy().astype(np.float32)
+    n_layers = plain.config.num_hidden_layers
+    orth = orthogonalised_hf(model, r)
+    want = [greedy(orth, p, N_NEW) for p in PROMPTS]
+    base = [greedy(plain, p, N_NEW) for p in PROMPTS]
+    assert want != base, "the direction changes nothing: the comparison would not test the ablation"
+
+    llm = make_llm(model, "eager", additional_config=deploy(refusal_ablation(r, n_layers, name="refusal")))
+    try:
+        on = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, mi_apps=["refusal"])
+        off = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS] * 2, [on] * len(PROMPTS) + [off] * len(PROMPTS),
+                            use_tqdm=False)
+    finally:
+        close_llm(llm)
+    got_on = [list(o.outputs[0].token_ids) for o in outs[: len(PROMPTS)]]
+    got_off = [list(o.outputs[0].token_ids) for o in outs[len(PROMPTS):]]
+    assert got_on == want
+    assert got_off == base
+
+
+def test_app_constructors_refuse_bad_input():
+    from vllm_xmix import XmixSpecError
+    from vllm_xmix.apps import cast, multi_layer_steering, refusal_ablation, seal, steer_moe
+
+    v = np.ones(8, dtype=np.float32)
+    with pytest.raises(XmixSpecError, match="n_layers"):
+        refusal_ablation(v, 0)
+    with pytest.raises(XmixSpecError, match="empty token set"):
+        seal(v, [], [1]).to_spec()
+    with pytest.raises(XmixSpecError, match="no layers"):
+        multi_layer_steering(v, [])
+    with pytest.raises(XmixSpecError, match="op"):
+        cast(v, 1, 0.0, v, [2], op="!=").to_spec()
+    with pytest.raises(XmixSpecError, match=r"outside 0\.\.7"):
+        steer_moe(8, deactivate=[8])
+    with pytest.raises(XmixSpecError, match="both"):
+        steer_moe(8, deactivate=[1], activate=[1])
+    with pytest.raises(XmixSpecError, match="name experts"):
+        steer_moe(8)
+    spec = steer_moe(8, deactivate=[0], activate=[3], boost=5.0).to_spec()
+    vec = spec.ops[0].vector
+    assert vec[0] == -np.inf and vec[3] == 5.0 and vec[1] == 0.0
