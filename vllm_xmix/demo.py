@@ -1,12 +1,22 @@
-"""Main job on the embedded default: ``python -m vllm_xmix.demo``.
+"""Main job on the embedded default: ``python -m vllm_xmix.demo`` (``make demo``).
 
-Builds (or reuses) the tiny random-weight Llama with its locally trained tokenizer, starts real
-vLLM with a steering app and a probe app deployed, generates greedily for a few prompts with
-steering off and on in one batch (the probe, which reads the projection of the residual stream
-on the steering direction at the last steered layer, on every request), and checks the off run
-against plain vLLM (the plugin not loaded, in a child process). Exit status 0 only if the
-steering-off run (probe on: a read changes nothing) equals plain vLLM, steering changed the
-output, every request got one probe score per processed token, and the probe sees the steering.
+On the shipped two-style model (:mod:`vllm_xmix.models`: a small Llama trained on Python source
+and the King James Bible), with real vLLM and nothing else:
+
+1. **capture -> extract**: a capture app collects the residual stream of the shipped text
+   excerpts; a difference-of-means vector (CAA) and a logistic probe are extracted from it
+   (:mod:`vllm_xmix.extract`);
+2. **deploy**: a second engine serves three apps (:mod:`vllm_xmix.apps`): ``to_code`` (the CAA
+   vector added at layer 2), ``style_probe`` (the probe, read at layer 2) and ``code_to_prose``
+   (CAST: if the prompt reads as code, steer away from code);
+3. it prints, side by side, continuations with steering off and on and their style measure
+   (:func:`vllm_xmix.models.code_share`), per-token probe scores along a text that changes style, the
+   CAST decision per prompt, and checks that requests with the apps off equal plain vLLM (the
+   plugin not loaded, in a child process).
+
+Exit status 0 only if steering moved the style measure by at least 0.5, the probe classified at
+least 95% of held-out tokens, CAST decided every prompt by its style, and apps off equalled plain
+vLLM. ``--plot PATH`` writes the probe scores as a PNG (needs matplotlib).
 """
 
 from __future__ import annotations
@@ -17,68 +27,149 @@ import os
 import subprocess
 import sys
 
-PROMPTS = ["The model reads", "A steering vector adds", "My friend likes the", "Each layer computes"]
+PROSE = ["And he said unto them,", "Blessed are the", "In the beginning"]
+CODE = ["def get(self, key):\n", "import os\n", "class Foo:\n"]
+LAYER, COND_LAYER = 2, 1
 
 
 def _engine_kwargs(model: str, eager: bool) -> dict:
-    return dict(model=model, dtype="float32", max_model_len=256, max_num_seqs=16, seed=0,
+    return dict(model=model, dtype="float32", max_model_len=512, max_num_seqs=32, seed=0,
                 enforce_eager=eager, kv_cache_memory_bytes=256 << 20)
 
 
-def _plain_tokens(model: str, max_tokens: int, eager: bool) -> list[list[int]]:
+def _plain_greedy(model: str, max_tokens: int, eager: bool) -> list[list[int]]:
     from vllm import LLM, SamplingParams
 
     llm = LLM(**_engine_kwargs(model, eager))
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(PROSE + CODE, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                        use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _short(text: str, n: int = 60) -> str:
+    if not text.strip():
+        return "(blank lines)"
+    t = text.replace("\n", "\u21b5")
+    return t if len(t) <= n else t[: n - 1] + "\u2026"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="model directory (default: build the tiny Llama)")
-    ap.add_argument("--scale", type=float, default=8.0, help="steering scale (vector has unit RMS)")
-    ap.add_argument("--layers", default="1,2", help="comma-separated layers for hook_resid_post")
-    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--model", help="model directory (default: the shipped two_style model)")
+    ap.add_argument("--scale", type=float, default=1.0, help="steering scale of the CAA vector")
+    ap.add_argument("--samples", type=int, default=8, help="sampled continuations per prompt for the style measure")
+    ap.add_argument("--max-tokens", type=int, default=40)
     ap.add_argument("--eager", action="store_true", help="enforce_eager=True (default: torch.compile)")
+    ap.add_argument("--plot", metavar="PATH", help="write the probe scores along a generation as a PNG")
     ap.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # one screen: the demo's lines, vLLM's warnings
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            ap.error("--plot needs matplotlib (pip install 'vllm-xmix[plot]')")
 
-    from .tiny import build_tiny_model
+    from .models import code_share, two_style_path, two_style_texts
 
-    model = args.model or build_tiny_model("llama")
+    model = args.model or two_style_path()
     if args.plain_worker:  # child: plain vLLM, the plugin filtered out by VLLM_PLUGINS
-        print("PLAIN_TOKENS " + json.dumps(_plain_tokens(model, args.max_tokens, args.eager)), flush=True)
+        print("PLAIN_TOKENS " + json.dumps(_plain_greedy(model, args.max_tokens, args.eager)), flush=True)
         return 0
 
     import numpy as np
     from vllm import LLM
 
-    from . import MIApp, SamplingParams, deploy
+    from . import SamplingParams, deploy
+    from .apps import cast, single_layer_steering
+    from .extract import capture_app, collect_activations, diff_of_means, fit_probe
 
-    d_model = json.load(open(os.path.join(model, "config.json")))["hidden_size"]
-    v = np.random.default_rng(0).standard_normal(d_model).astype(np.float32)
-    v /= np.sqrt((v**2).mean())
-    layers = [int(x) for x in args.layers.split(",")]
-    app = MIApp("demo_steer")
-    app.write("add", vector=v, scale=args.scale).layers(layers).submodule("hook_resid_post")
-
-    probe = MIApp("demo_probe")  # projection on the steering direction, after the steering
-    probe.read("linear_probe", weight=v / np.linalg.norm(v)).layers([layers[-1]]).submodule("hook_resid_post")
-
+    texts = two_style_texts()
     print(f"[demo] model {model}")
-    print(f"[demo] deploying app 'demo_steer': add {args.scale} * v at blocks.{layers}.hook_resid_post "
-          f"(content hash {app.content_hash()})")
-    print(f"[demo] deploying app 'demo_probe': linear probe v/|v| . x at blocks.{layers[-1]}.hook_resid_post")
-    llm = LLM(**_engine_kwargs(model, args.eager), additional_config=deploy(app, probe))
-    off = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, mi_apps=["demo_probe"])
-    on = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True,
-                        mi_apps=["demo_steer", "demo_probe"])
-    # one batch: every prompt with steering off and on, side by side in the same forward passes
-    outs = llm.generate(PROMPTS + PROMPTS, [off] * len(PROMPTS) + [on] * len(PROMPTS), use_tqdm=False)
-    off_out, on_out = outs[: len(PROMPTS)], outs[len(PROMPTS):]
+    # ---- 1. capture -> extract, on vLLM
+    llm = LLM(**_engine_kwargs(model, True), additional_config=deploy(capture_app([COND_LAYER, LAYER])))
+    acts = {(s, k): collect_activations(llm, texts[s][k]) for s in ("code", "prose") for k in ("train", "held")}
     del llm
+    caa = diff_of_means(acts[("code", "train")][LAYER], acts[("prose", "train")][LAYER])
+    probe = fit_probe(acts[("code", "train")][LAYER], acts[("prose", "train")][LAYER],
+                      acts[("code", "held")][LAYER], acts[("prose", "held")][LAYER])
+    cond = diff_of_means(acts[("code", "train")][COND_LAYER], acts[("prose", "train")][COND_LAYER])
+    cond = cond / np.linalg.norm(cond)
 
+    def prompt_cos(arrs):
+        return float(np.mean([np.mean(a @ cond / np.linalg.norm(a, axis=1)) for a in arrs]))
+
+    thr = (prompt_cos(acts[("code", "train")][COND_LAYER]) + prompt_cos(acts[("prose", "train")][COND_LAYER])) / 2
+    print(f"[demo] extracted from {sum(len(v[LAYER]) for v in acts.values())} captured excerpts: CAA vector at "
+          f"blocks.{LAYER}.hook_resid_post (norm {np.linalg.norm(caa):.1f}); probe held-out accuracy "
+          f"{probe.held_out_accuracy:.1%} ({probe.n_held_out} tokens); CAST threshold {thr:+.3f}")
+
+    # ---- 2. deploy the apps
+    apps = [single_layer_steering(caa, LAYER, scale=args.scale, name="to_code"),
+            probe.app("style_probe", LAYER),
+            cast(cond, COND_LAYER, thr, -caa, [LAYER], report=True, name="code_to_prose")]
+    llm = LLM(**_engine_kwargs(model, args.eager), additional_config=deploy(*apps))
+
+    def sample(prompts, sel, n):
+        sps = [SamplingParams(temperature=0.8, max_tokens=args.max_tokens, seed=i, mi_apps=sel or None)
+               for _ in prompts for i in range(n)]
+        outs = llm.generate([p for p in prompts for _ in range(n)], sps, use_tqdm=False)
+        return [outs[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    # ---- 3a. steering off vs on, side by side
+    print(f"\n1. Steering (CAA, scale {args.scale:+g} at layer {LAYER}): sampled continuations, style = share of "
+          f"code-like characters over {args.samples} samples")
+    shifts = []
+    for prompts, sel_on, label in ((PROSE, ["to_code"], "towards code"),
+                                   (CODE, [{"name": "to_code", "scale": -args.scale}], "away from code")):
+        off, on = sample(prompts, [], args.samples), sample(prompts, sel_on, args.samples)
+        print(f"   {label}:")
+        for p, a, b in zip(prompts, off, on):
+            sa = np.mean([code_share(o.outputs[0].text) for o in a])
+            sb = np.mean([code_share(o.outputs[0].text) for o in b])
+            shifts.append(abs(sb - sa))
+            print(f"   {_short(p, 22):<22} off {sa:4.0%} {_short(a[0].outputs[0].text.strip(), 44):<44} | "
+                  f"on {sb:4.0%} {_short(b[0].outputs[0].text.strip(), 44)}")
+    shift = float(np.mean(shifts))
+
+    # ---- 3b. per-token probe scores along a text that changes style
+    mixed = texts["prose"]["held"][1][:90].rsplit(" ", 1)[0] + "\n" + texts["code"]["held"][1][:90]
+    g = llm.generate([mixed], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
+                                             mi_apps=["style_probe"]), use_tqdm=False)[0]
+    scores = g.mi_results["style_probe"]["probe"]
+    ids = list(g.prompt_token_ids) + list(g.outputs[0].token_ids)
+    tok = llm.get_tokenizer()
+    pieces = [tok.decode([t]) for t in ids[: len(scores)]]  # the score read while that token was processed
+    print(f"\n2. Probe (logistic, layer {LAYER}): P(code) per token of held-out prose followed by held-out code, "
+          f"then 8 generated tokens")
+    line = "   "
+    for piece, s in zip(pieces[1:], scores[1:]):  # (position 0 is the BOS token)
+        cell = f"{_short(piece, 12)}:{s:.2f} "
+        if len(line) + len(cell) > 110:
+            print(line)
+            line = "   "
+        line += cell
+    print(line)
+    held_ok = probe.held_out_accuracy >= 0.95
+
+    # ---- 3c. CAST deciding by the prompt
+    print(f"\n3. CAST: steer away from code when the prompt's mean cosine with the code direction at layer "
+          f"{COND_LAYER} > {thr:+.3f}")
+    decided_ok = True
+    prompts = [t[:100] for t in texts["code"]["held"][:3]] + [t[:100] for t in texts["prose"]["held"][:3]]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                mi_apps=["code_to_prose"]), use_tqdm=False)
+    for i, (p, o) in enumerate(zip(prompts, outs)):
+        sim = float(o.mi_results["code_to_prose"]["similarity"][: len(o.prompt_token_ids)].mean())
+        style = "code" if i < 3 else "prose"
+        decided_ok &= (sim > thr) == (style == "code")
+        print(f"   {style:5s} prompt {_short(p, 40):<40} cos {sim:+.3f} -> {'steered' if sim > thr else 'left alone'}")
+
+    # ---- 3d. apps off == plain vLLM
+    off = llm.generate(PROSE + CODE, SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True,
+                                                    mi_apps=["style_probe"]), use_tqdm=False)
+    del llm
     env = dict(os.environ, VLLM_PLUGINS="")
     cmd = [sys.executable, "-m", "vllm_xmix.demo", "--plain-worker", "--model", model,
            "--max-tokens", str(args.max_tokens)] + (["--eager"] if args.eager else [])
@@ -88,29 +179,32 @@ def main(argv: list[str] | None = None) -> int:
         print(r.stdout[-2000:], r.stderr[-4000:], file=sys.stderr)
         print("[demo] plain vLLM run failed", file=sys.stderr)
         return 2
-    plain = json.loads(line.removeprefix("PLAIN_TOKENS "))
+    equal = [list(o.outputs[0].token_ids) for o in off] == json.loads(line.removeprefix("PLAIN_TOKENS "))
+    print(f"\n4. Steering off (probe on) == plain vLLM (plugin not loaded), greedy, {len(off)} prompts: {equal}")
 
-    w = max(len(p) for p in PROMPTS)
-    print(f"\n{'prompt':<{w}} | steering off -> steering on (scale {args.scale}); the tiny model has random "
-          "weights, so its text is meaningless: what counts is that off equals plain vLLM, on differs, and "
-          "the probe gives a score per token")
-    changed, counts_ok, probe_up = 0, True, 0
-    for p, a, b in zip(PROMPTS, off_out, on_out):
-        ta, tb = list(a.outputs[0].token_ids), list(b.outputs[0].token_ids)
-        changed += ta != tb
-        print(f"{p:<{w}} | off: {ta}\n{'':<{w}} |  on: {tb}")
-        print(f"{'':<{w}} | off text: {a.outputs[0].text!r}\n{'':<{w}} |  on text: {b.outputs[0].text!r}")
-        pa, pb = a.mi_results["demo_probe"]["probe"], b.mi_results["demo_probe"]["probe"]
-        n = len(a.prompt_token_ids) + len(ta) - 1  # processed positions: prompt + generated[:-1]
-        counts_ok &= len(pa) == n and len(pb) == n and not (np.isnan(pa).any() or np.isnan(pb).any())
-        probe_up += float(pb.mean()) > float(pa.mean())
-        print(f"{'':<{w}} | probe (mean over {n} tokens): off {pa.mean():+.2f}  on {pb.mean():+.2f}")
-    equal = [list(a.outputs[0].token_ids) for a in off_out] == plain
-    print(f"\n[demo] steering off (probe on) == plain vLLM (plugin not loaded): {equal}")
-    print(f"[demo] steering on changed {changed}/{len(PROMPTS)} prompts")
-    print(f"[demo] one probe score per processed token: {counts_ok}; probe higher with steering on: "
-          f"{probe_up}/{len(PROMPTS)}")
-    return 0 if equal and changed > 0 and counts_ok and probe_up == len(PROMPTS) else 1
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(10, 3))
+        ax.plot(range(len(scores)), scores, marker=".")
+        ax.axvline(len(g.prompt_token_ids) - 1, color="grey", ls="--", label="last prompt token")
+        ax.set_xlabel("position")
+        ax.set_ylabel("P(code)")
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title("style probe along held-out prose, then code, then a greedy continuation")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"[demo] wrote {args.plot}")
+
+    ok = shift >= 0.5 and held_ok and decided_ok and equal
+    print(f"\n[demo] style shift {shift:.2f} (>= 0.5: {shift >= 0.5}); probe held-out accuracy "
+          f"{probe.held_out_accuracy:.1%} (>= 95%: {held_ok}); CAST decided by style: {decided_ok}; "
+          f"apps off == plain vLLM: {equal}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
