@@ -42,6 +42,8 @@ def test_pca_of_differences_matches_sklearn_and_is_oriented():
         ref = PCA(n_components=1).fit(a - b).components_[0]
         assert abs(abs(float(v @ ref)) - 1.0) < 1e-5  # the same axis, unit norm
         assert np.mean(a @ v > b @ v) > 0.5  # oriented: the first set projects higher
+    raw = pca_of_differences(pos, neg, center=False)  # uncentred: the shared shift dominates
+    assert float(raw @ shift) / np.linalg.norm(shift) > 0.99
     from vllm_xmix import XmixSpecError
 
     with pytest.raises(XmixSpecError, match="paired"):

@@ -142,12 +142,15 @@ def diff_of_means(pos, neg) -> dict[int, np.ndarray] | np.ndarray:
     return out[None] if None in out else out
 
 
-def pca_of_differences(pos, neg) -> dict[int, np.ndarray] | np.ndarray:
-    """The first principal component of the paired differences ``pos[i] - neg[i]`` (repeng's
-    ``pca_diff`` method: centred PCA of the differences), a unit vector oriented so that
-    positives project higher than their negatives for most pairs. Sets as in
-    :func:`diff_of_means`, rows paired (the same count). Returns float32 ``[d_model]``, norm 1,
-    per layer: scale it to the activations' size to steer (e.g. by the mean projection gap).
+def pca_of_differences(pos, neg, center: bool = True) -> dict[int, np.ndarray] | np.ndarray:
+    """The first principal component of the paired differences ``pos[i] - neg[i]``, a unit
+    vector oriented so that positives project higher than their negatives for most pairs.
+    ``center=True`` (default) is repeng's ``pca_diff``: the differences are centred first, so the
+    component is the main axis along which the pairs' differences *vary* (it can be nearly
+    orthogonal to the mean difference when every pair differs the same way); ``center=False``
+    takes the top singular vector of the raw differences, which the mean difference dominates
+    when it is large. Sets as in :func:`diff_of_means`, rows paired (the same count). Returns
+    float32 ``[d_model]``, norm 1, per layer: scale it to the activations' size to steer.
 
     Raises:
         XmixSpecError: unpaired sets (row counts differ), fewer than 2 pairs, NaN/inf."""
@@ -160,7 +163,7 @@ def pca_of_differences(pos, neg) -> dict[int, np.ndarray] | np.ndarray:
         if P.shape[0] < 2:
             raise XmixSpecError("pca_of_differences: need at least 2 pairs")
         D = P - N
-        _, _, vt = np.linalg.svd(D - D.mean(0), full_matrices=False)
+        _, _, vt = np.linalg.svd(D - D.mean(0) if center else D, full_matrices=False)
         v = vt[0]
         if np.mean(P @ v > N @ v) < 0.5:
             v = -v
