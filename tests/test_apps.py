@@ -98,3 +98,39 @@ def test_app_constructors_refuse_bad_input():
     spec = steer_moe(8, deactivate=[0], activate=[3], boost=5.0).to_spec()
     vec = spec.ops[0].vector
     assert vec[0] == -np.inf and vec[3] == 5.0 and vec[1] == 0.0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mixtral"])
+def test_steering_and_probe_apps_equal_hf(arch, tmp_path):
+    """single_layer_steering + multi_layer_steering on together, and truthfulness_probe, against
+    HF with plain forward hooks, on each architecture."""
+    from conftest import HFOracle
+
+    from vllm_xmix import SamplingParams, deploy
+    from vllm_xmix.apps import multi_layer_steering, single_layer_steering, truthfulness_probe
+    from vllm_xmix.tiny import build_tiny_model
+
+    model = build_tiny_model(arch, root=tmp_path / arch)
+    hf = HFOracle(model)
+    d = hf.model.config.hidden_size
+    rng = np.random.default_rng(5)
+    v1, v2, w = (rng.standard_normal(d).astype(np.float32) for _ in range(3))
+    v1 *= 4 / np.sqrt((v1 ** 2).mean())
+    v2 *= 2 / np.sqrt((v2 ** 2).mean())
+    w /= np.linalg.norm(w)
+    apps = [single_layer_steering(v1, 1, name="one"), multi_layer_steering(v2, [0, 2], name="multi"),
+            truthfulness_probe(w, 0.25, 2, name="probe")]
+    llm = make_llm(model, "eager", additional_config=deploy(*apps))
+    try:
+        sp = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, mi_apps=["one", "multi", "probe"])
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp, use_tqdm=False)
+    finally:
+        close_llm(llm)
+    deltas = {1: v1, 0: v2, 2: v2}
+    for p, o in zip(PROMPTS, outs):
+        toks = list(o.outputs[0].token_ids)
+        assert toks == hf.greedy(p, N_NEW, deltas=deltas)
+        x = hf.record(p + toks[:-1], [(2, "hook_resid_post")], deltas=deltas)[(2, "hook_resid_post")]
+        want = 1 / (1 + np.exp(-(x @ w + 0.25)))
+        np.testing.assert_allclose(o.mi_results["probe"]["probe"], want, rtol=1e-4, atol=1e-5)
+    assert [list(o.outputs[0].token_ids) for o in outs] != [hf.greedy(p, N_NEW) for p in PROMPTS]
