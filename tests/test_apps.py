@@ -78,13 +78,13 @@ def test_refusal_ablation_equals_weight_orthogonalisation(arch, tmp_path):
 
 def test_app_constructors_refuse_bad_input():
     from vllm_xmix import XmixSpecError
-    from vllm_xmix.apps import cast, multi_layer_steering, refusal_ablation, seal, steer_moe
+    from vllm_xmix.apps import cast, multi_layer_steering, refusal_ablation, seal, single_layer_steering, steer_moe
 
     v = np.ones(8, dtype=np.float32)
     with pytest.raises(XmixSpecError, match="n_layers"):
         refusal_ablation(v, 0)
-    with pytest.raises(XmixSpecError, match="empty token set"):
-        seal(v, [], [1]).to_spec()
+    with pytest.raises(XmixSpecError, match="no trigger_tokens given"):
+        seal(v, [], [1])
     with pytest.raises(XmixSpecError, match="no layers"):
         multi_layer_steering(v, [])
     with pytest.raises(XmixSpecError, match="op"):
@@ -95,6 +95,18 @@ def test_app_constructors_refuse_bad_input():
         steer_moe(8, deactivate=[1], activate=[1])
     with pytest.raises(XmixSpecError, match="name experts"):
         steer_moe(8)
+    with pytest.raises(XmixSpecError, match="deactivate must be a list of integers, got str"):
+        steer_moe(8, deactivate="12")  # never read as experts 1 and 2
+    with pytest.raises(XmixSpecError, match="layer must be an integer, got bool"):
+        single_layer_steering(v, True)
+    with pytest.raises(XmixSpecError, match="layer must be an integer, got float"):
+        single_layer_steering(v, 1.9)
+    with pytest.raises(XmixSpecError, match="generated_only must be True or False"):
+        seal(v, [1], [1], generated_only="no")
+    with pytest.raises(XmixSpecError, match=r"outside \[-1, 1\]"):
+        cast(v, 1, 5.0, v, [2])
+    with pytest.raises(XmixSpecError, match="trigger_tokens must be a list of integers, got int"):
+        seal(v, 5, [1])
     spec = steer_moe(8, deactivate=[0], activate=[3], boost=5.0).to_spec()
     vec = spec.ops[0].vector
     assert vec[0] == -np.inf and vec[3] == 5.0 and vec[1] == 0.0

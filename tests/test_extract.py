@@ -48,6 +48,10 @@ def test_pca_of_differences_matches_sklearn_and_is_oriented():
 
     with pytest.raises(XmixSpecError, match="paired"):
         pca_of_differences(pos, neg[:-1])
+    with pytest.raises(XmixSpecError, match="identical"):
+        pca_of_differences(pos, pos)
+    with pytest.raises(XmixSpecError, match="do not vary"):
+        pca_of_differences(neg + shift, neg)
 
 
 def test_fit_probe_held_out_accuracy():
@@ -123,6 +127,18 @@ def test_vector_file_errors(tmp_path):
         save_vectors(tmp_path / "e.safetensors", {})
     with pytest.raises(XmixSpecError, match=r"no vector for layers \[5\]"):
         steering_app("s", {0: np.ones(4)}, layers=[5])
+    with pytest.raises(XmixSpecError, match="layers must be a list of integers"):
+        steering_app("s", {0: np.ones(4), 2: np.ones(4)}, layers="02")  # never read as layers 0 and 2
+    with pytest.raises(XmixSpecError, match="write .safetensors or .gguf"):
+        save_vectors(tmp_path / "v.json", {0: np.ones(4)})  # would write safetensors bytes under .json
+    from safetensors.numpy import save_file
+
+    save_file({"layer.1": np.ones(4, np.float32), "1": np.ones(4, np.float32)}, str(tmp_path / "dup.safetensors"))
+    with pytest.raises(XmixSpecError, match="layer 1 is given twice"):
+        load_vectors(tmp_path / "dup.safetensors")
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file")
+    with pytest.raises(XmixSpecError, match="not a readable gguf file"):
+        load_vectors(tmp_path / "junk.gguf")
 
 
 def test_gguf_control_vector_deployed_equals_hf(tiny_llama, hf, tmp_path):

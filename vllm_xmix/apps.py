@@ -27,15 +27,41 @@ import numpy as np
 from .spec import MIApp, XmixSpecError
 
 
-def _layers(layers, what: str) -> list[int] | str:
-    if isinstance(layers, str):
-        if layers != "all":
-            raise XmixSpecError(f"{what}: layers must be 'all' or a list of layer indices, got {layers!r}")
-        return layers
-    out = [int(x) for x in layers]
-    if not out:
-        raise XmixSpecError(f"{what}: no layers given")
+def _index(x, what: str, field: str, lo: int = 0) -> int:
+    """``x`` as an int >= ``lo``; bools, floats, strings and the like are refused by name."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise XmixSpecError(f"{what}: {field} must be an integer, got {type(x).__name__} {x!r}")
+    if int(x) < lo:
+        raise XmixSpecError(f"{what}: {field} must be >= {lo}, got {x}")
+    return int(x)
+
+
+def _indices(xs, what: str, field: str, allow_empty: bool = False) -> list[int]:
+    """A list / tuple / range / 1-D array of non-negative ints (a string or a bare int is refused)."""
+    if isinstance(xs, (str, bytes)) or not isinstance(xs, (list, tuple, range, np.ndarray)):
+        raise XmixSpecError(f"{what}: {field} must be a list of integers, got {type(xs).__name__} {xs!r}")
+    out = [_index(x, what, f"{field} entry") for x in (xs.tolist() if isinstance(xs, np.ndarray) else xs)]
+    if not out and not allow_empty:
+        raise XmixSpecError(f"{what}: no {field} given")
     return out
+
+
+def _layers(layers, what: str) -> list[int] | str:
+    if isinstance(layers, str) and layers == "all":
+        return layers
+    return _indices(layers, what, "layers")
+
+
+def _flag(x, what: str, field: str) -> bool:
+    if not isinstance(x, bool):
+        raise XmixSpecError(f"{what}: {field} must be True or False, got {type(x).__name__} {x!r}")
+    return x
+
+
+def _number(x, what: str, field: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(float(x)):
+        raise XmixSpecError(f"{what}: {field} must be a finite number, got {type(x).__name__} {x!r}")
+    return float(x)
 
 
 def refusal_ablation(direction, n_layers: int, name: str = "refusal_ablation") -> MIApp:
@@ -54,13 +80,12 @@ def refusal_ablation(direction, n_layers: int, name: str = "refusal_ablation") -
     the paper's chosen layer and position); ``n_layers``: the model's ``num_hidden_layers``.
 
     Raises:
-        XmixSpecError: ``n_layers`` < 1, or a bad vector."""
-    if int(n_layers) < 1:
-        raise XmixSpecError(f"{name}: n_layers must be >= 1, got {n_layers}")
+        XmixSpecError: ``n_layers`` not an integer >= 1, or a bad vector."""
+    n = _index(n_layers, name, "n_layers", lo=1)
     app = MIApp(name)
     app.write("ablate", vector=direction).layers("all").submodule("hook_resid_pre")
     app.write("ablate", vector=direction).layers("all").submodule("hook_resid_mid")
-    app.write("ablate", vector=direction).layers([int(n_layers) - 1]).submodule("hook_resid_post")
+    app.write("ablate", vector=direction).layers([n - 1]).submodule("hook_resid_post")
     return app
 
 
@@ -79,9 +104,11 @@ def seal(vector, trigger_tokens: Sequence[int], layers, scale: float = 1.0, gene
 
     Raises:
         XmixSpecError: no trigger tokens, no layers, a bad vector."""
+    tokens = _indices(trigger_tokens, name, "trigger_tokens")
+    gen = _flag(generated_only, name, "generated_only")
     app = MIApp(name)
     op = app.write("add", vector=vector, scale=scale).layers(_layers(layers, name)).submodule(hook)
-    op.cond(tokens=list(trigger_tokens), **({"positions": "generated"} if generated_only else {}))
+    op.cond(tokens=tokens, **({"positions": "generated"} if gen else {}))
     return app
 
 
@@ -101,14 +128,19 @@ def cast(condition_vector, condition_layer: int, threshold: float, vector, layer
     mean over the ``P`` prompt positions is the decided value (one more read at that layer).
 
     Raises:
-        XmixSpecError: an unknown ``op``, a non-finite threshold, a bad vector."""
+        XmixSpecError: an unknown ``op``, a threshold that is not a number in [-1, 1] (a cosine),
+        a layer that is not a non-negative integer, a bad vector."""
+    cl = _index(condition_layer, name, "condition_layer")
+    thr = _number(threshold, name, "threshold")
+    if not -1.0 <= thr <= 1.0:
+        raise XmixSpecError(f"{name}: threshold {thr} is outside [-1, 1], the range of a cosine similarity: "
+                            "the condition would be decided the same way for every prompt")
     app = MIApp(name)
-    app.read("cosine", weight=condition_vector, buffer="condition", scope="request").layers(
-        [int(condition_layer)]).submodule(hook)
-    if report:
-        app.read("cosine", weight=condition_vector, name="similarity").layers([int(condition_layer)]).submodule(hook)
+    app.read("cosine", weight=condition_vector, buffer="condition", scope="request").layers([cl]).submodule(hook)
+    if _flag(report, name, "report"):
+        app.read("cosine", weight=condition_vector, name="similarity").layers([cl]).submodule(hook)
     app.write("add", vector=vector, scale=scale).layers(_layers(layers, name)).submodule(hook).cond(
-        buffer="condition", op=op, threshold=float(threshold))
+        buffer="condition", op=op, threshold=thr)
     return app
 
 
@@ -127,7 +159,8 @@ def truthfulness_probe(weight, bias: float, layer: int, hook: str = "hook_resid_
     Raises:
         XmixSpecError: a bad weight vector."""
     app = MIApp(name)
-    app.read("linear_probe", weight=weight, bias=float(bias), sigmoid=sigmoid).layers([int(layer)]).submodule(hook)
+    app.read("linear_probe", weight=weight, bias=_number(bias, name, "bias"), sigmoid=_flag(sigmoid, name, "sigmoid")) \
+        .layers([_index(layer, name, "layer")]).submodule(hook)
     return app
 
 
@@ -145,7 +178,7 @@ def single_layer_steering(vector, layer: int, scale: float = 1.0, hook: str = "h
     Raises:
         XmixSpecError: a bad vector."""
     app = MIApp(name)
-    app.write("add", vector=vector, scale=scale).layers([int(layer)]).submodule(hook)
+    app.write("add", vector=vector, scale=scale).layers([_index(layer, name, "layer")]).submodule(hook)
     return app
 
 
@@ -185,18 +218,22 @@ def steer_moe(n_experts: int, layers="all", deactivate: Iterable[int] = (), acti
     Raises:
         XmixSpecError: no expert named, an expert index outside ``0..n_experts-1``, an expert in
         both sets, a non-finite or non-positive boost."""
-    de, ac = sorted({int(e) for e in deactivate}), sorted({int(e) for e in activate})
+    n_experts = _index(n_experts, name, "n_experts", lo=1)
+    de = sorted(set(_indices(list(deactivate) if isinstance(deactivate, (set, frozenset)) else deactivate, name,
+                             "deactivate", allow_empty=True)))
+    ac = sorted(set(_indices(list(activate) if isinstance(activate, (set, frozenset)) else activate, name,
+                             "activate", allow_empty=True)))
     if not de and not ac:
         raise XmixSpecError(f"{name}: name experts to deactivate and/or activate")
-    bad = [e for e in de + ac if not 0 <= e < int(n_experts)]
+    bad = [e for e in de + ac if not 0 <= e < n_experts]
     if bad:
-        raise XmixSpecError(f"{name}: experts {bad} outside 0..{int(n_experts) - 1}")
+        raise XmixSpecError(f"{name}: experts {bad} outside 0..{n_experts - 1}")
     both = set(de) & set(ac)
     if both:
         raise XmixSpecError(f"{name}: experts {sorted(both)} are both deactivated and activated")
-    if not (math.isfinite(boost) and boost > 0):
+    if _number(boost, name, "boost") <= 0:
         raise XmixSpecError(f"{name}: boost must be a finite positive number, got {boost}")
-    bias = np.zeros(int(n_experts), dtype=np.float64)
+    bias = np.zeros(n_experts, dtype=np.float64)
     bias[ac] = boost
     app = MIApp(name)
     vec = bias.tolist()

@@ -129,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
             sa = np.mean([code_share(o.outputs[0].text) for o in a])
             sb = np.mean([code_share(o.outputs[0].text) for o in b])
             shifts.append(abs(sb - sa))
-            print(f"   {_short(p, 22):<22} off {sa:4.0%} {_short(a[0].outputs[0].text.strip(), 44):<44} | "
-                  f"on {sb:4.0%} {_short(b[0].outputs[0].text.strip(), 44)}")
+            ta = next((o.outputs[0].text for o in a if o.outputs[0].text.strip()), "")  # a non-blank sample
+            tb = next((o.outputs[0].text for o in b if o.outputs[0].text.strip()), "")
+            print(f"   {_short(p, 22):<22} off {sa:4.0%} {_short(ta.strip(), 44):<44} | on {sb:4.0%} "
+                  f"{_short(tb.strip(), 44)}")
     shift = float(np.mean(shifts))
 
     # ---- 3b. per-token probe scores along a text that changes style

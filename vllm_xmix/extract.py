@@ -41,13 +41,13 @@ CAPTURE_NAME = "acts"
 # ------------------------------------------------------------------------------ capture
 
 
-def capture_app(layers: Sequence[int], hook: str = "hook_resid_post", name: str = "capture") -> MIApp:
+def capture_app(layers: Sequence[int] | int, hook: str = "hook_resid_post", name: str = "capture") -> MIApp:
     """An app that captures ``blocks.{L}.{hook}`` at every processed position for each ``L`` in
     ``layers`` (result key :data:`CAPTURE_NAME`). Deploy it beside the others and pass its name
     to :func:`collect_activations`. A capture of every position reads the prompt, so its
     requests never take the prompt from the prefix cache."""
     app = MIApp(name)
-    app.read("capture", positions="all", name=CAPTURE_NAME).layers(list(layers)).submodule(hook)
+    app.read("capture", positions="all", name=CAPTURE_NAME).layers(layers).submodule(hook)
     return app
 
 
@@ -98,13 +98,21 @@ def _capture_layers(llm, app: str) -> list[int]:
 
 def _stack(x) -> np.ndarray:
     """``[N, d]`` float64 from an array or a list of ``[n_i, d]`` arrays."""
+    if isinstance(x, (str, bytes, Mapping)) or not isinstance(x, (np.ndarray, list, tuple)):
+        raise XmixSpecError(f"extract: expected activations [N, d_model] (an array or a list of arrays), "
+                            f"got {type(x).__name__}")
     if isinstance(x, np.ndarray):
         a = x
     else:
-        x = list(x)
-        if not x:
+        parts = [np.asarray(v) for v in x]
+        if not parts:
             raise XmixSpecError("extract: an empty set of activations")
-        a = np.concatenate([np.asarray(v).reshape(-1, np.asarray(v).shape[-1]) for v in x])
+        if any(v.ndim != 2 for v in parts) or len({v.shape[1] for v in parts}) != 1:
+            raise XmixSpecError(f"extract: expected a list of [n_i, d_model] arrays of one width, got shapes "
+                                f"{[list(v.shape) for v in parts][:4]}")
+        a = np.concatenate(parts)
+    if a.dtype.kind not in "fiu":
+        raise XmixSpecError(f"extract: activations must be real numbers, got dtype {a.dtype}")
     if a.ndim != 2 or a.shape[0] == 0:
         raise XmixSpecError(f"extract: expected activations [N, d_model] with N > 0, got shape {list(a.shape)}")
     if not np.isfinite(a).all():
@@ -116,6 +124,9 @@ def _per_layer(pos, neg) -> list[tuple[int | None, object, object]]:
     if isinstance(pos, Mapping) != isinstance(neg, Mapping):
         raise XmixSpecError("extract: give both sets as {layer: activations} or both as arrays")
     if isinstance(pos, Mapping):
+        for k in list(pos) + list(neg):
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+                raise XmixSpecError(f"extract: layer keys must be non-negative integers, got {k!r}")
         if set(pos) != set(neg):
             raise XmixSpecError(f"extract: the two sets cover different layers ({sorted(pos)} vs {sorted(neg)})")
         return [(int(layer), pos[layer], neg[layer]) for layer in sorted(pos)]
@@ -163,7 +174,12 @@ def pca_of_differences(pos, neg, center: bool = True) -> dict[int, np.ndarray] |
         if P.shape[0] < 2:
             raise XmixSpecError("pca_of_differences: need at least 2 pairs")
         D = P - N
-        _, _, vt = np.linalg.svd(D - D.mean(0) if center else D, full_matrices=False)
+        M = D - D.mean(0) if center else D
+        if np.linalg.norm(M) <= 1e-6 * np.linalg.norm(D):  # (also when D is all zero)
+            raise XmixSpecError("pca_of_differences: the differences " + ("do not vary (every pair differs the "
+                                "same way: use diff_of_means, or center=False)" if center and np.any(D) else
+                                "are all zero: the two sets are identical"))
+        _, _, vt = np.linalg.svd(M, full_matrices=False)
         v = vt[0]
         if np.mean(P @ v > N @ v) < 0.5:
             v = -v
@@ -193,8 +209,12 @@ class LinearProbe:
         return app
 
     def predict(self, x) -> np.ndarray:
-        """Probabilities ``[N]`` float32 for activations ``x`` ``[N, d_model]``."""
-        return (1.0 / (1.0 + np.exp(-(_stack(x) @ self.weight + self.bias)))).astype(np.float32)
+        """Probabilities ``[N]`` float32 for activations ``x`` ``[N, d_model]`` (XmixSpecError:
+        another width)."""
+        X = _stack(x)
+        if X.shape[1] != self.weight.shape[0]:
+            raise XmixSpecError(f"LinearProbe.predict: width {X.shape[1]} != the probe's {self.weight.shape[0]}")
+        return (1.0 / (1.0 + np.exp(-(X @ self.weight + self.bias)))).astype(np.float32)
 
 
 def fit_probe(pos, neg, held_pos=None, held_neg=None, *, C: float = 1.0, max_iter: int = 2000,
@@ -210,6 +230,8 @@ def fit_probe(pos, neg, held_pos=None, held_neg=None, *, C: float = 1.0, max_ite
     from sklearn.linear_model import LogisticRegression
 
     P, N = _stack(pos), _stack(neg)
+    if P.shape[1] != N.shape[1]:
+        raise XmixSpecError(f"fit_probe: widths differ ({P.shape[1]} vs {N.shape[1]})")
     X = np.concatenate([P, N])
     y = np.r_[np.ones(len(P)), np.zeros(len(N))]
     clf = LogisticRegression(C=C, max_iter=max_iter, random_state=seed).fit(X, y)
@@ -219,6 +241,9 @@ def fit_probe(pos, neg, held_pos=None, held_neg=None, *, C: float = 1.0, max_ite
         raise XmixSpecError("fit_probe: give both held-out sets or neither")
     if held_pos is not None:
         HP, HN = _stack(held_pos), _stack(held_neg)
+        if {HP.shape[1], HN.shape[1]} != {P.shape[1]}:
+            raise XmixSpecError(f"fit_probe: held-out widths {HP.shape[1]}, {HN.shape[1]} differ from the training "
+                                f"width {P.shape[1]}")
         Xh = np.concatenate([HP, HN])
         yh = np.r_[np.ones(len(HP)), np.zeros(len(HN))]
         held = float((clf.predict(Xh) == yh).mean())
@@ -238,13 +263,17 @@ def save_vectors(path: str | os.PathLike, vectors: Mapping[int, np.ndarray],
     llama.cpp / repeng control vector instead (:func:`save_control_vector`).
 
     Raises:
-        XmixSpecError: no vectors, a non-integer layer, vectors not 1-D or of different widths."""
+        XmixSpecError: no vectors, a non-integer layer, vectors not 1-D or of different widths, a
+        path not ending in ``.safetensors`` / ``.gguf``."""
     vecs = _checked_vectors(vectors, "save_vectors")
-    if os.fspath(path).endswith(".gguf"):
-        return save_control_vector(path, vecs, model_hint=(metadata or {}).get("model_hint", "llama"))
+    p = _path(path, "save_vectors")
+    if p.endswith(".gguf"):
+        return save_control_vector(p, vecs, model_hint=(metadata or {}).get("model_hint", "llama"))
+    if not p.endswith(".safetensors"):
+        raise XmixSpecError(f"save_vectors: {p}: write .safetensors or .gguf (other formats are read only)")
     from safetensors.numpy import save_file
 
-    save_file({f"layer.{L}": v for L, v in vecs.items()}, os.fspath(path), metadata=dict(metadata or {}))
+    save_file({f"layer.{L}": v for L, v in vecs.items()}, p, metadata=dict(metadata or {}))
 
 
 def save_control_vector(path: str | os.PathLike, vectors: Mapping[int, np.ndarray], model_hint: str = "llama") -> None:
@@ -277,49 +306,75 @@ def load_vectors(path: str | os.PathLike) -> dict[int, np.ndarray]:
     Raises:
         XmixSpecError: an unknown extension, a key that names no layer, vectors not 1-D, of
         different widths, or with NaN/inf; FileNotFoundError: no such file."""
-    p = os.fspath(path)
+    p = _path(path, "load_vectors")
     if not os.path.exists(p):
         raise FileNotFoundError(f"load_vectors: no such file {p!r}")
+    if not p.endswith((".gguf", ".safetensors", ".npz", ".json")):
+        raise XmixSpecError(f"load_vectors: {p}: unknown file type (expected .gguf, .safetensors, .npz or .json)")
+    try:
+        items = _read_items(p)
+    except XmixSpecError:
+        raise
+    except Exception as e:  # a damaged or foreign file: what the format's reader said
+        raise XmixSpecError(f"load_vectors: {p}: not a readable {p.rsplit('.', 1)[-1]} file ({type(e).__name__}: "
+                            f"{e})") from None
+    out: dict[int, np.ndarray] = {}
+    for name, key, v in items:
+        if not (key.isascii() and key.isdigit() and str(int(key)) == key):
+            raise XmixSpecError(f"load_vectors: {p}: {name!r} names no layer (expected 'layer.N' or 'N')")
+        if int(key) in out:
+            raise XmixSpecError(f"load_vectors: {p}: layer {key} is given twice")
+        out[int(key)] = v
+    return _checked_vectors(out, f"load_vectors: {p}")
+
+
+def _path(path, where: str) -> str:
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes):
+        raise XmixSpecError(f"{where}: expected a file path (str or os.PathLike), got {type(path).__name__}")
+    return os.fspath(path)
+
+
+def _read_items(p: str) -> list[tuple[str, str, np.ndarray]]:
+    """(name in the file, layer key, array) of every vector in ``p``; arrays as stored (the
+    1-D check follows in :func:`_checked_vectors`)."""
     if p.endswith(".gguf"):
         import gguf
 
-        raw = {}
+        out = []
         for t in gguf.GGUFReader(p).tensors:
             if not t.name.startswith("direction."):
                 raise XmixSpecError(f"load_vectors: {p}: tensor {t.name!r} is not a control-vector direction "
                                     "('direction.{layer}')")
-            raw[t.name[len("direction."):]] = np.asarray(t.data, dtype=np.float32).reshape(-1)
-    elif p.endswith(".safetensors"):
+            if len([n for n in t.shape if int(n) != 1]) > 1:
+                raise XmixSpecError(f"load_vectors: {p}: {t.name} has shape {[int(n) for n in t.shape]}, not a vector")
+            out.append((t.name, t.name[len("direction."):], np.asarray(t.data, dtype=np.float32).reshape(-1)))
+        return out
+    if p.endswith(".safetensors"):
         from safetensors.numpy import load_file
 
-        raw = {k.removeprefix("layer."): v for k, v in load_file(p).items()}
-    elif p.endswith(".npz"):
+        return [(k, k.removeprefix("layer."), v) for k, v in load_file(p).items()]
+    if p.endswith(".npz"):
         with np.load(p, allow_pickle=False) as z:
-            raw = {k.removeprefix("layer."): z[k] for k in z.files}
-    elif p.endswith(".json"):
-        with open(p) as f:
-            obj = json.load(f)
-        if not isinstance(obj, dict):
-            raise XmixSpecError(f"load_vectors: {p}: expected a JSON object {{layer: [floats]}}")
-        raw = {k: np.asarray(v, dtype=np.float64) for k, v in obj.items()}
-    else:
-        raise XmixSpecError(f"load_vectors: {p}: unknown file type (expected .gguf, .safetensors, .npz or .json)")
-    out = {}
-    for k, v in raw.items():
-        if not str(k).isdigit():
-            raise XmixSpecError(f"load_vectors: {p}: key {k!r} names no layer (expected 'layer.N' or 'N')")
-        out[int(k)] = v
-    return _checked_vectors(out, f"load_vectors: {p}")
+            return [(k, k.removeprefix("layer."), z[k]) for k in z.files]
+    with open(p) as f:
+        obj = json.load(f)
+    if not isinstance(obj, dict):
+        raise XmixSpecError(f"load_vectors: {p}: expected a JSON object {{layer: [floats]}}")
+    return [(k, k, np.asarray(v, dtype=np.float64)) for k, v in obj.items()]
 
 
 def _checked_vectors(vectors: Mapping[int, np.ndarray], where: str) -> dict[int, np.ndarray]:
     if not vectors:
         raise XmixSpecError(f"{where}: no vectors")
     out, width = {}, None
-    for L in sorted(vectors):
+    for L in vectors:
         if isinstance(L, bool) or not isinstance(L, (int, np.integer)) or L < 0:
             raise XmixSpecError(f"{where}: layer {L!r} is not a non-negative integer")
-        v = np.asarray(vectors[L])
+    for L in sorted(vectors):
+        try:
+            v = np.asarray(vectors[L])
+        except (TypeError, ValueError) as e:
+            raise XmixSpecError(f"{where}: layer {L}: not an array of numbers ({e})") from None
         if v.ndim != 1 or v.dtype.kind not in "fiu":
             raise XmixSpecError(f"{where}: layer {L}: expected a 1-D real vector, got shape {list(v.shape)} "
                                 f"dtype {v.dtype}")
@@ -342,14 +397,28 @@ def steering_app(name: str, vectors: Mapping[int, np.ndarray] | str | os.PathLik
 
     Raises:
         XmixSpecError: no vectors left, or a bad file (see :func:`load_vectors`)."""
-    vecs = load_vectors(vectors) if isinstance(vectors, (str, os.PathLike)) else _checked_vectors(vectors, name)
+    if isinstance(vectors, (str, os.PathLike)):
+        vecs = load_vectors(vectors)
+    elif isinstance(vectors, Mapping):
+        vecs = _checked_vectors(vectors, name)
+    else:
+        raise XmixSpecError(f"steering_app {name!r}: vectors must be a {{layer: vector}} dict or a file path, got "
+                            f"{type(vectors).__name__}")
     if layers is not None:
-        keep = {int(x) for x in layers}
+        if isinstance(layers, (str, bytes)) or not isinstance(layers, (list, tuple, range, set)):
+            raise XmixSpecError(f"steering_app {name!r}: layers must be a list of integers, got {layers!r}")
+        keep = set()
+        for x in layers:
+            if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+                raise XmixSpecError(f"steering_app {name!r}: layers entry {x!r} is not an integer")
+            keep.add(int(x))
         missing = keep - set(vecs)
         if missing:
             raise XmixSpecError(f"steering_app {name!r}: no vector for layers {sorted(missing)} "
                                 f"(vectors for {sorted(vecs)})")
         vecs = {L: v for L, v in vecs.items() if L in keep}
+        if not vecs:
+            raise XmixSpecError(f"steering_app {name!r}: layers=[] leaves no vector")
     app = MIApp(name)
     for L, v in vecs.items():
         app.write("add", vector=v, scale=scale).layers([L]).submodule(hook)
