@@ -146,3 +146,50 @@ def test_steering_and_probe_apps_equal_hf(arch, tmp_path):
         want = 1 / (1 + np.exp(-(x @ w + 0.25)))
         np.testing.assert_allclose(o.mi_results["probe"]["probe"], want, rtol=1e-4, atol=1e-5)
     assert [list(o.outputs[0].token_ids) for o in outs] != [hf.greedy(p, N_NEW) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mixtral"])
+def test_seal_and_cast_apps_equal_hf(arch, tmp_path):
+    """apps.seal (all and generated positions) and apps.cast against the HF references of
+    test_conditions (token-masked adds; the prompt's mean cosine deciding every generated
+    token), on each architecture."""
+    from conftest import HFOracle
+    from test_conditions import CAST_LAYERS, READ_LAYER, SCALE, SEAL_LAYERS, SEAL_SET, C, V, hf_greedy_masked
+    from test_conditions import PROMPTS as CPROMPTS
+
+    from vllm_xmix import SamplingParams, deploy
+    from vllm_xmix.apps import cast, seal
+    from vllm_xmix.tiny import build_tiny_model
+
+    model = build_tiny_model(arch, root=tmp_path / arch)
+    hf = HFOracle(model)
+
+    def cos_mean(ids):
+        x = hf.record(ids, [(READ_LAYER, "hook_resid_post")])[(READ_LAYER, "hook_resid_post")].astype(np.float64)
+        return float(((x @ C.astype(np.float64)) / np.linalg.norm(C) / np.linalg.norm(x, axis=1)).mean())
+
+    means = [cos_mean(p) for p in CPROMPTS]
+    t = float(np.median(means))
+    S = set(SEAL_SET)
+    apps = [seal(V, SEAL_SET, SEAL_LAYERS, scale=SCALE, generated_only=False, name="seal"),
+            seal(V, SEAL_SET, SEAL_LAYERS, scale=SCALE, name="seal_gen"),
+            cast(C, READ_LAYER, t, V, CAST_LAYERS, scale=SCALE, name="cast")]
+    want = {
+        "seal": [hf_greedy_masked(hf, p, N_NEW, SEAL_LAYERS, lambda ids, P: [x in S for x in ids]) for p in CPROMPTS],
+        "seal_gen": [hf_greedy_masked(hf, p, N_NEW, SEAL_LAYERS,
+                                      lambda ids, P: [i >= P and x in S for i, x in enumerate(ids)]) for p in CPROMPTS],
+        "cast": [hf_greedy_masked(hf, p, N_NEW, CAST_LAYERS,
+                                  lambda ids, P, on=m > t: [on and i >= P - 1 for i in range(len(ids))])
+                 for p, m in zip(CPROMPTS, means)],
+    }
+    plain = [hf.greedy(p, N_NEW) for p in CPROMPTS]
+    llm = make_llm(model, "eager", additional_config=deploy(*apps))
+    try:
+        for name in want:
+            sp = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, mi_apps=[name])
+            got = [list(o.outputs[0].token_ids) for o in
+                   llm.generate([{"prompt_token_ids": p} for p in CPROMPTS], sp, use_tqdm=False)]
+            assert got == want[name], name
+            assert want[name] != plain, f"{name}: the condition never fired on these prompts"
+    finally:
+        close_llm(llm)
