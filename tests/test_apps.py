@@ -2,9 +2,14 @@
 
 Refusal-direction ablation (Arditi et al. 2024) must equal the paper's weight orthogonalisation:
 an HF model whose embedding, attention-output and MLP-down weights were orthogonalised against r,
-decoded greedily, gives the tokens the ablation app gives in vLLM."""
+decoded greedily, gives the tokens the ablation app gives in vLLM (Llama, Qwen3). Single- and
+multi-layer steering, the probe, SEAL and CAST equal HF forward hooks on Llama, Qwen3 and
+Mixtral; SteerMoE equals HF with the bias on Mixtral's router logits. Bad constructor input is
+refused by name."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -193,3 +198,33 @@ def test_seal_and_cast_apps_equal_hf(arch, tmp_path):
             assert want[name] != plain, f"{name}: the condition never fired on these prompts"
     finally:
         close_llm(llm)
+
+
+def test_steer_moe_app_equals_hf(tmp_path):
+    """apps.steer_moe (expert 2 masked, expert 0 boosted, every layer) against HF with the same
+    bias added to each router's logits before top-k (test_router's reference)."""
+    from conftest import HFOracle
+    from test_router import hf_router_bias
+
+    from vllm_xmix import SamplingParams, deploy
+    from vllm_xmix.apps import steer_moe
+    from vllm_xmix.tiny import build_tiny_model
+
+    model = build_tiny_model("mixtral", root=tmp_path / "mixtral")
+    hf = HFOracle(model)
+    E, n_layers = hf.model.config.num_local_experts, hf.model.config.num_hidden_layers
+    bias = torch.zeros(E)
+    bias[2], bias[0] = -math.inf, 3.0
+    seen: list = []
+    with hf_router_bias(hf.model, {L: bias for L in range(n_layers)}, seen):
+        want = [hf.greedy(p, N_NEW) for p in PROMPTS]
+    assert all(not (t == 2).any() for t in seen)
+    assert want != [hf.greedy(p, N_NEW) for p in PROMPTS]
+    llm = make_llm(model, "eager", additional_config=deploy(steer_moe(E, deactivate=[2], activate=[0], boost=3.0)))
+    try:
+        sp = SamplingParams(temperature=0, max_tokens=N_NEW, ignore_eos=True, mi_apps=["steer_moe"])
+        got = [list(o.outputs[0].token_ids) for o in
+               llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp, use_tqdm=False)]
+    finally:
+        close_llm(llm)
+    assert got == want
