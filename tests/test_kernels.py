@@ -523,3 +523,99 @@ def test_cond_triton_cuda():
 
 def test_cond_triton_interpreter():
     run_interpreted("_cond_triton_check")
+
+
+# ------------------------------------------------------------------ add_rms_norm (writes inside the norm)
+
+NORM_CASES = [  # (T, D, S, kinds of all entries, site entries, row semantics)
+    (6, 64, 3, [0, 0], [0, 1], False),  # two adds, one rounding
+    (5, 100, 2, [0, 1, 1], [1, 0, 2], True),  # ablations and an add, in order
+    (9, 1500, 4, [1, 0], [0, 1], True),
+    (4, 4096, 3, [0], [0], False),
+    (3, 64, 2, [0], [], False),  # the norm alone
+    (0, 64, 2, [1], [0], True),
+]
+
+
+def norm_definition(x, residual, weight, eps, tok_slot, coef, entries, kinds, values, vec, row):
+    """Row by row, from the semantics in kernels/add_rms_norm.py."""
+    dt = x.dtype
+    xo, ro = x.clone(), residual.clone()
+    for t in range(x.shape[0]):
+        h = residual[t].float()
+        cs = [float(coef[int(tok_slot[t]), e]) for e in entries]
+        if row:
+            for e, c in zip(entries, cs):
+                if c == 0.0:
+                    continue
+                coeff = c * (values[e] - float((h + x[t].float()) @ vec[e])) if kinds[e] == 1 else c
+                h = (h + coeff * vec[e]).to(dt).float()
+        elif any(cs):
+            h = (h + sum(c * vec[e] for e, c in zip(entries, cs))).to(dt).float()
+        z = (x[t].float() + h).to(dt).float()
+        rs = 1.0 / math.sqrt(float((z * z).mean()) + eps)
+        ro[t] = z.to(dt)
+        xo[t] = ((z * rs).to(dt).float() * weight.float()).to(dt)
+    return xo, ro
+
+
+def make_norm_inputs(T, D, S, kinds, entries, row, dtype, device, seed=0):
+    h, other, tok_slot, coef, entries, kinds, values, vec = make_row_inputs(T, D, S, kinds, entries, True, dtype,
+                                                                            device, seed)
+    weight = (1 + 0.1 * torch.randn(D, generator=torch.Generator().manual_seed(seed + 1))).to(dtype).to(device)
+    return other, h, weight, 1e-5, tok_slot, coef, entries, kinds, values, vec, row
+
+
+@pytest.mark.parametrize("case", NORM_CASES)
+def test_norm_reference_matches_definition(case):
+    from vllm_xmix.kernels.add_rms_norm import add_rms_norm_reference
+
+    args = make_norm_inputs(*case, torch.float32, "cpu")
+    x, residual = args[0], args[1]
+    want_x, want_r = norm_definition(*args)
+    gx, gr = x.clone(), residual.clone()
+    add_rms_norm_reference(gx, gr, *args[2:])
+    torch.testing.assert_close(gr, want_r, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx, want_x, rtol=1e-5, atol=1e-5)
+    # the rows with every entry off are vLLM's plain add + RMSNorm (the native IR op)
+    from vllm import ir
+
+    T = x.shape[0]
+    if T and case[4]:
+        off = ~(args[5][args[4][:T].long()][:, case[4]] != 0).any(1)
+        px, pr = ir.ops.fused_add_rms_norm.impls["native"].impl_fn(x.clone(), residual.clone(), args[2], args[3])
+        torch.testing.assert_close(gx[off], px[off], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gr[off], pr[off], rtol=1e-6, atol=1e-6)
+
+
+def _norm_triton_check(device: str) -> None:
+    from vllm_xmix.kernels.add_rms_norm import add_rms_norm_reference, add_rms_norm_triton
+
+    for case in NORM_CASES:
+        for dtype in (torch.float32, torch.bfloat16):
+            x, r, w, eps, tok_slot, coef, entries, kinds, values, vec, row = make_norm_inputs(*case, dtype, device,
+                                                                                              seed=9)
+            wx, wr = x.clone(), r.clone()
+            add_rms_norm_reference(wx, wr, w, eps, tok_slot, coef, entries, kinds, values, vec, row)
+            gx, gr = x.clone(), r.clone()
+            dev = lambda v, dt: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
+            add_rms_norm_triton(gx, gr, w, eps, tok_slot, coef, dev(entries, torch.int32) if entries else None,
+                                dev(kinds, torch.int32), dev(values, torch.float32), vec, row)
+            # bf16: one rounding of the row's largest terms (|x| ~ 4: an ulp of 0.03) where an
+            # ablation cancels them; the interpreter truncates where CUDA rounds to nearest
+            tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=6.25e-2)
+            torch.testing.assert_close(gr, wr, **tol)
+            torch.testing.assert_close(gx, wx, **tol)
+    x, r, w, eps, tok_slot, coef, entries, kinds, values, vec, row = make_norm_inputs(*NORM_CASES[0], torch.float32,
+                                                                                      device)
+    with pytest.raises(ValueError, match="need equal"):
+        add_rms_norm_triton(x, r[:, :32], w, eps, tok_slot, coef, None, coef, coef, vec, False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_norm_triton_matches_reference_cuda():
+    _norm_triton_check("cuda")
+
+
+def test_norm_triton_matches_reference_interpreter():
+    run_interpreted("_norm_triton_check")
