@@ -86,10 +86,12 @@ def deltas(names, scale=SCALE):
 
 
 # each fused_writes setting on one architecture: Llama the default "none" (every write through
-# the op), Qwen3 "adds" (steering adds in the graph), Mixtral "all" (projections too)
+# the op), Qwen3 "adds" (steering adds in the graph), Mixtral "all" (projections too); "norm"
+# (the ops of resid_pre/mid/post replace vLLM's next add + RMSNorm) compiled on Llama, eager on Qwen3
 @pytest.fixture(scope="module", params=[("llama", "eager", "none"), ("llama", "compiled", "none"),
                                         ("qwen3", "eager", "adds"), ("qwen3", "compiled", "adds"),
-                                        ("mixtral", "eager", "all"), ("mixtral", "compiled", "all")],
+                                        ("mixtral", "eager", "all"), ("mixtral", "compiled", "all"),
+                                        ("llama", "compiled", "norm"), ("qwen3", "eager", "norm")],
                 ids=lambda p: f"{p[0]}-{p[1]}" + ("" if p[2] == "none" else f"-fused_{p[2]}"))
 def arch_engine(request, tmp_path_factory):
     from conftest import HFOracle
@@ -316,3 +318,23 @@ def test_capture_positions_generated_and_last(arch_engine):
         close(got["gen"], x[P - 1:], "gen")
         assert got["last"].shape == (x.shape[1],)
         close(got["last"][None], x[P - 1][None], "last")
+
+
+def test_norm_hosts_the_residual_sites(arch_engine, monkeypatch):
+    """With ``fused_writes="norm"`` the ops of resid_pre (layers >= 1), resid_mid and resid_post
+    (all but the last layer) replace vLLM's next residual add + RMSNorm (``ops.hook_norm_``):
+    vLLM's add + norm then runs from the op, with apps on and off, and the values equal HF. Other
+    settings leave vLLM's norms alone. Counted at the op's norm call."""
+    import vllm_xmix.ops as ops
+
+    llm, hf = arch_engine
+    calls = []
+    real = ops.plain_add_rms_norm
+    monkeypatch.setattr(ops, "plain_add_rms_norm", lambda *a: (calls.append(1), real(*a))[1])
+    assert gen(llm, ["post", "mid"]) == [hf.greedy(p, N, deltas(["post", "mid"])) for p in PROMPTS]
+    steered = len(calls)
+    assert gen(llm, None) == [hf.greedy(p, N) for p in PROMPTS]
+    if llm.fused_writes == "norm":
+        assert steered and len(calls) > steered, "the norms hosting the sites did not run the op"
+    else:
+        assert not calls

@@ -186,7 +186,7 @@ def test_fused_writes_setting_chooses_what_the_graph_applies():
     assert names["adds"] == (posts, ["blocks.2.hook_resid_pre"], [])
     assert names["all"] == (sorted(posts + ["blocks.2.hook_resid_pre"]), [], [])
     assert names["none"] == ([], ["blocks.2.hook_resid_pre"], posts)
-    with pytest.raises(XmixSpecError, match=r"xmix\.fused_writes: Input should be 'adds', 'all' or 'none' \(got 'ALL'\)"):
+    with pytest.raises(XmixSpecError, match=r"xmix\.fused_writes: Input should be 'adds', 'all', 'none' or 'norm' \(got 'ALL'\)"):
         deploy(fused_writes="ALL")
 
 

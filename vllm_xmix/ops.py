@@ -20,6 +20,7 @@ from torch.library import Library
 
 from vllm.forward_context import get_forward_context, is_forward_context_available
 
+from .kernels.add_rms_norm import add_rms_norm_triton
 from .kernels.read_rows import read_rows_reference, read_rows_triton
 from .kernels.row_write import row_write_reference, row_write_triton
 from .kernels.steer_add import HAS_TRITON, steer_add
@@ -50,6 +51,11 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: i
     plan = st.variants.site_plan(site, fused)  # the entries of the step's variant at this site
     if plan is None:  # no app of this step needs this site (graph variants)
         return
+    _apply_plan(st, h, other, site, plan)
+
+
+def _apply_plan(st, h: torch.Tensor, other: torch.Tensor | None, site: int, plan) -> None:
+    """The writes then the reads of ``site`` (``plan``: its ``runtime.variants.SitePlan``) on ``h``."""
     lay = st.layout  # the device tables (runtime/layout.py)
     triton_ok = h.is_cuda and HAS_TRITON
     if plan.pre is not None:  # eager, mixed site: the compiled order (the fused adds first)
@@ -66,9 +72,15 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: i
             mult = lay.conditions.gate(site, h.shape[0], plan.writes_host) if plan.has_cond else None
             row_write_reference(h, other, lay.tok_slot, lay.coef, plan.writes_host, lay.kinds_host,
                                 lay.values_host, lay.vectors, mult=mult)
+    _reads(st, h, other, plan)
+
+
+def _reads(st, h: torch.Tensor, other: torch.Tensor | None, plan) -> None:
+    """The site's reads of ``plan`` on the hook's value ``h + other`` (``other`` None: ``h``)."""
     if plan.reads is None:
         return
-    if triton_ok:
+    lay = st.layout
+    if h.is_cuda and HAS_TRITON:
         read_rows_triton(h, other, lay.tok_slot, lay.coef, plan.reads, lay.kinds, lay.cols, lay.flags,
                          lay.values, lay.vectors, lay.out)
     else:
@@ -76,6 +88,54 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: i
                             lay.flags_host, lay.values_host, lay.vectors, lay.out)
     if plan.req_reads:
         lay.conditions.store_request_values(plan.req_reads, h.shape[0])
+
+
+def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, site_a: int,
+               site_b: int) -> None:
+    """The hook op of the residual-stream sites (``site_a`` then ``site_b``; -1: none) that lie
+    just before one of vLLM's fused residual add + RMSNorm calls, which it replaces (deployment
+    ``fused_writes="norm"``, :mod:`.kernels.add_rms_norm`): ``x`` [T, d_model] the norm's input
+    (the other half of the stream) and ``residual`` [T, d_model], same dtype, both mutated to the
+    norm's outputs (``x`` <- RMSNorm(x + residual) * ``weight`` [d_model], ``residual`` <- the
+    stream after the sites' writes); ``eps``: the norm's epsilon. No site of the step's variant
+    on: vLLM's kernel (``torch.ops._C.fused_add_rms_norm`` on CUDA, the native IR op elsewhere).
+    One site on with unconditional writes: one kernel applies them and the norm
+    (``add_rms_norm_triton``), then its reads (on the stream, ``residual``). Otherwise each site
+    as :func:`hook_write_` (on ``residual``, ``other`` = ``x``), then vLLM's norm."""
+    st = _state()
+    plans = []
+    for s in (site_a, site_b):
+        if s >= 0:
+            st.calls[s] += 1
+            p = st.variants.site_plan(s, 0)
+            if p is not None:
+                plans.append((s, p))
+    if len(plans) == 1 and x.is_cuda and HAS_TRITON and plans[0][1].pre is None and not plans[0][1].has_cond:
+        p, lay = plans[0][1], st.layout
+        add_rms_norm_triton(x, residual, weight, eps, lay.tok_slot, lay.coef, p.writes, lay.kinds, lay.values,
+                            lay.vectors, p.row)
+        _reads(st, residual, None, p)
+        return
+    for s, p in plans:
+        _apply_plan(st, residual, x, s, p)
+    plain_add_rms_norm(x, residual, weight, eps)
+
+
+def plain_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """vLLM's fused residual add + RMSNorm, in place: its CUDA kernel on CUDA tensors, its
+    native (torch) implementation elsewhere."""
+    if x.is_cuda:
+        torch.ops._C.fused_add_rms_norm(x, residual, weight, eps)
+        return
+    from vllm import ir
+
+    out, res = ir.ops.fused_add_rms_norm.impls["native"].impl_fn(x, residual, weight, eps)
+    residual.copy_(res)
+    x.copy_(out)
+
+
+def hook_norm_fake(x, residual, weight, eps, site_a, site_b) -> None:
+    return None
 
 
 def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: int) -> None:
@@ -109,4 +169,6 @@ def register_ops() -> None:
     lib = Library("vllm_xmix", "FRAGMENT")
     for name, func, fake in (("hook_write_", hook_write_, hook_write_fake), ("note_tokens_", note_tokens_, note_tokens_fake)):
         direct_register_custom_op(op_name=name, op_func=func, mutates_args=["h"], fake_impl=fake, target_lib=lib)
+    direct_register_custom_op(op_name="hook_norm_", op_func=hook_norm_, mutates_args=["x", "residual"],
+                              fake_impl=hook_norm_fake, target_lib=lib)
     _LIB = lib

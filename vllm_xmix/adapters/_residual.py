@@ -140,18 +140,64 @@ def _register_buffers(module: torch.nn.Module, state) -> None:
     state.buffer_modules.append(module)  # XmixState.verify_hooks_fired: still the same tensors?
 
 
+def fusable_norm(module) -> bool:
+    """Whether ``module`` is vLLM's plain ``RMSNorm`` (with a weight, over the whole width), the
+    norm whose fused residual add ``ops.hook_norm_`` replaces (``fused_writes="norm"``)."""
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    return type(module) is RMSNorm and bool(module.has_weight) and module.variance_size_override is None
+
+
+def _norm_forward(sites: tuple[int, int], norm, x: torch.Tensor, residual: torch.Tensor | None = None):
+    if residual is None:  # the first layer's input norm has no residual; no site is placed there
+        raise RuntimeError("vllm_xmix: a norm hosting hook sites was called without a residual")
+    torch.ops.vllm_xmix.hook_norm_(x, residual, norm.weight.data, norm.variance_epsilon, sites[0], sites[1])
+    return x, residual
+
+
+def _install_norm(norm: torch.nn.Module, state, site_a: int | None, site_b: int | None) -> None:
+    """Make ``norm`` (a :func:`fusable_norm`) the hook op of the sites just before it: its
+    ``forward(x, residual)`` becomes ``ops.hook_norm_`` (the sites' writes, vLLM's add + RMSNorm)."""
+    sites = (-1 if site_a is None else site_a, -1 if site_b is None else site_b)
+    norm.forward = functools.partial(_norm_forward, sites, norm)
+    state.installed.update(s for s in sites if s >= 0)
+
+
 def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, *, attn: str = "self_attn",
-                           mlp: str = "mlp", norm2: str = "post_attention_layernorm") -> None:
+                           mlp: str = "mlp", norm1: str = "input_layernorm",
+                           norm2: str = "post_attention_layernorm") -> None:
     """Register forward (pre-)hooks for every deployed residual-stream site of this layer.
 
     Only sites that some deployed app uses get a hook (and an op in the graph). Order at one
     boundary: resid_post[L] then resid_pre[L+1]; inside a layer: attn_out, resid_mid, mlp_out.
+    With ``fused_writes="norm"`` the sites that a fused residual add + RMSNorm consumes are
+    hooked at that norm instead (:func:`_install_norm`): resid_post[L-1] and resid_pre[L] at
+    this layer's ``norm1``, resid_mid[L] at ``norm2``; resid_pre[0] and the last layer's
+    resid_post keep their hooks (no such norm follows them inside a layer).
     """
+    at_norm = state.layout.deployment.fused_writes == "norm"
+    n1, n2 = getattr(layer, norm1, None), getattr(layer, norm2)
+    n1_ok, n2_ok = at_norm and fusable_norm(n1), at_norm and fusable_norm(n2)
+    if n1_ok and layer_idx >= 1:
+        a, b = state.site_id(layer_idx - 1, "hook_resid_post"), state.site_id(layer_idx, "hook_resid_pre")
+        if a is not None or b is not None:
+            _install_norm(n1, state, a, b)
+    elif at_norm and layer_idx >= 1:  # the previous layer left its resid_post to this norm, which cannot host it
+        a = state.site_id(layer_idx - 1, "hook_resid_post")
+        if a is not None and a not in state.installed:
+            layer.register_forward_pre_hook(functools.partial(_resid_pre, a, ((), 0)), with_kwargs=True)
+            state.installed.add(a)
+    if n2_ok:
+        m = state.site_id(layer_idx, "hook_resid_mid")
+        if m is not None:
+            _install_norm(n2, state, m, None)
 
     def hook(name: str, module: torch.nn.Module, fn, pre: bool, with_kwargs: bool = False) -> None:
         s = state.site_id(layer_idx, name)
-        if s is None:
+        if s is None or s in state.installed:
             return
+        if name == "hook_resid_post" and n1_ok and layer_idx < state.layout.n_layers - 1:
+            return  # the next layer's input norm hosts it
         fused = (state.site_fused_spec[s], state.site_fused_id[s])
         if fused[0]:
             _register_buffers(module, state)

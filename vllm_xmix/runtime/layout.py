@@ -203,7 +203,8 @@ class DeviceLayout:
 
     def _split_fused(self) -> None:
         """Which write entries the compiled graph applies as plain torch ops (``site_fused``),
-        by the deployment's ``fused_writes``: ``"none"`` (default): nothing; ``"adds"``:
+        by the deployment's ``fused_writes``: ``"none"`` (default) and ``"norm"`` (the op
+        itself replaces the next norm, ``ops.hook_norm_``): nothing; ``"adds"``:
         unconditional ``add`` entries at residual-stream sites without projection writes;
         ``"all"``: also every write of a residual-stream site whose writes are all unconditional
         (adds, directional ablations, clamps; ``site_fused_spec``: ``(entry, kind, value,
@@ -229,7 +230,7 @@ class DeviceLayout:
         mode = self.deployment.fused_writes
         for (L, hook), sid in self.sites.items():
             writes = self.site_entries_host[sid] or []
-            if hook not in RESIDUAL_HOOKS or mode == "none":
+            if hook not in RESIDUAL_HOOKS or mode in ("none", "norm"):  # "norm": the op, at the norm
                 continue
             if self.site_has_proj[sid]:
                 if mode != "all":
@@ -293,7 +294,7 @@ def buffer_bytes(dep: DeploymentConfig, n_layers: int, d_model: int, n_experts: 
                 req_bufs += int(op.buffer is not None and op.scope == "request")
             elif op.cond is not None and op.cond.buffer is None:
                 token_cond = True
-            elif op.cond is None and op.hook in RESIDUAL_HOOKS and dep.fused_writes != "none":
+            elif op.cond is None and op.hook in RESIDUAL_HOOKS and dep.fused_writes in ("adds", "all"):
                 fusible += nl
     return {"read buffer": cols * max_tokens * 4,
             "token history": (max_slots * max_model_len * 4) if token_cond else 0,

@@ -180,7 +180,9 @@ def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict, fused_writes: str = "none
 
     ``fused_writes``: ``"none"`` (default), ``"adds"`` or ``"all"``: which unconditional writes a
     compiled engine applies inside its graph, at a cost to every request, apps on or off
-    (trade-off and measured costs: :class:`DeploymentConfig`; no effect with ``enforce_eager``).
+    (trade-off and measured costs: :class:`DeploymentConfig`; no effect with ``enforce_eager``);
+    ``"norm"``: residual-stream writes run inside vLLM's next residual add + RMSNorm, in one
+    kernel, only in the graph variants where their apps are on.
 
     Raises:
         XmixSpecError: for an invalid app or ``fused_writes`` (the message names the field).

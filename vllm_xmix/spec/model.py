@@ -453,6 +453,12 @@ class DeploymentConfig(BaseModel):
             directional ablations and clamps at sites whose writes are all unconditional.
             Conditional writes (SEAL, CAST) are never fused; eager engines
             (``enforce_eager``) apply every write through the op whatever the setting.
+            ``"norm"``: no torch ops in the graph; instead the hook op of a residual-stream
+            site that vLLM's next fused residual add + RMSNorm consumes (``hook_resid_pre`` of
+            layers >= 1, ``hook_resid_mid``, ``hook_resid_post`` of all but the last layer)
+            replaces that norm call: vLLM's own kernel in the graph variants where the site's
+            apps are off, one kernel of writes and norm where they are on
+            (``vllm_xmix.kernels.add_rms_norm``), eager and compiled alike.
         runtime: set by the plugin at engine configuration; keys the compile cache.
     """
 
@@ -460,7 +466,7 @@ class DeploymentConfig(BaseModel):
     apps: list[AppSpec] = Field(default_factory=list)
     #: see the class docstring (trade-off, measured costs: benchmarks/RESULTS.md);
     #: "adds" suits deployments where most requests steer
-    fused_writes: Literal["adds", "all", "none"] = "none"
+    fused_writes: Literal["adds", "all", "none", "norm"] = "none"
     #: set by the plugin at engine configuration (``"vllm-xmix <version>"``); keys the compile cache
     runtime: str | None = None
 
