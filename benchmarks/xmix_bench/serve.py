@@ -31,6 +31,9 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   as ``profile_<config>.txt``, each trace's per-step summary (``profile trace``) as
   ``trace_<config>.json``, and ``trace_<config>_vs_vanilla.md`` sets them side by side; the raw
   traces stay in ``prof_vanilla/`` and ``prof_xmix/``.
+  ``start --second plain`` / ``empty`` calibrate the A/B itself (A/A): the second server is
+  vLLM without the plugin again, or with the plugin and nothing deployed, and the one
+  configuration ``aa_plain`` / ``aa_empty`` measures what the pair's offset is without apps.
 * ``stop``: stops the two servers (SIGTERM to their process groups, then SIGKILL).
 * ``all``: start, rounds, stop in one process (the servers are stopped on exit and on SIGTERM).
 * ``summarize``: rebuilds summary.md / overhead.png from results.json.
@@ -91,9 +94,13 @@ def _server_options(q) -> None:
     q.add_argument("--gpu-mem", type=float, default=0.42, help="--gpu-memory-utilization of each server")
     q.add_argument("--max-model-len", type=int, default=4096)
     q.add_argument("--dtype", default="bfloat16")
-    q.add_argument("--fused-writes", choices=["none", "adds", "all"], default="none",
+    q.add_argument("--fused-writes", choices=["none", "adds", "all", "norm"], default="none",
                    help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     q.add_argument("--server-args", default="", help="extra arguments for both servers (e.g. --enforce-eager)")
+    q.add_argument("--second", choices=["xmix", "plain", "empty"], default="xmix",
+                   help="the second server: xmix (the benchmark deployment); for an A/A calibration of the "
+                        "A/B itself, plain (vLLM without the plugin again: configuration aa_plain) or empty "
+                        "(the plugin loaded, nothing deployed: aa_empty)")
     q.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
     q.add_argument("--start-timeout", type=float, default=900, help="seconds each server may take to answer")
     q.add_argument("--profiler", action="store_true",
@@ -185,8 +192,12 @@ def build_sharegpt(path: str, n: int, vocab: int, seed: int = 0, output_len: int
     common.write_json(path, convs, indent=None)
 
 
-def configs_for(app_names: list[str]) -> dict[str, tuple[str, object]]:
-    """name -> (server, the requests' vllm_xargs["xmix"], "K<k>" for k distinct configs, or None)."""
+def configs_for(app_names: list[str], second: str = "xmix") -> dict[str, tuple[str, object]]:
+    """name -> (server, the requests' vllm_xargs["xmix"], "K<k>" for k distinct configs, or None).
+    ``second`` (``start --second``): ``plain`` / ``empty``: the A/A calibration's one
+    configuration, ``aa_plain`` / ``aa_empty``, the second server with no selection."""
+    if second != "xmix":
+        return {"vanilla": ("vanilla", None), f"aa_{second}": ("xmix", None)}
     out = {"vanilla": ("vanilla", None), "inactive": ("xmix", None)}
     for n in app_names:
         out[n] = ("xmix", [n])
@@ -354,12 +365,14 @@ def start(args, profiler: bool | None = None) -> dict:
                 "ignore_frontend": True, "delay_iterations": delay, "max_iterations": most})]
     st = {"model": os.path.abspath(args.model), "model_name": common.model_name(args.model),
           "vocab_size": cfg["vocab_size"], "serving_dir": serving, "xmix_config": xmix_cfg,
-          "apps": [a.name for a in apps], "fused_writes": args.fused_writes, "server_args": server_args,
+          "apps": [a.name for a in apps] if args.second == "xmix" else [], "second": args.second,
+          "fused_writes": args.fused_writes, "server_args": server_args,
           "profiler": profiler, "commit": common.git_commit(), "date": common.today(),
           "command": common.command_line(), "servers": {}}
+    second_args = ["--config", xmix_cfg] if args.second == "xmix" else []
+    second_env = dict(os.environ, VLLM_PLUGINS="") if args.second == "plain" else dict(os.environ)
     plans = (("vanilla", args.port, server_args + prof_args.get("vanilla", []), dict(os.environ, VLLM_PLUGINS="")),
-             ("xmix", args.port + 1, server_args + ["--config", xmix_cfg] + prof_args.get("xmix", []),
-              dict(os.environ)))
+             ("xmix", args.port + 1, server_args + second_args + prof_args.get("xmix", []), second_env))
     launched = []
     try:
         for name, port, sargs, env in plans:
@@ -374,7 +387,7 @@ def start(args, profiler: bool | None = None) -> dict:
         for s in launched:  # a failed start leaves nothing running
             s.stop()
         raise
-    if not args.no_latest:
+    if not args.no_latest and args.second == "xmix":
         _latest_startup(args.latest, st)
     return st
 
@@ -438,7 +451,7 @@ def rounds(args) -> int:
     servers = {n: Server.from_record(r) for n, r in st["servers"].items()}
     for s in servers.values():
         s.wait(args.wait)
-    configs = configs_for(st["apps"])
+    configs = configs_for(st["apps"], st.get("second", "xmix"))
     profiled = [c for c in args.profile.split(",") if c]
     unknown = sorted({*args.configs.split(","), *profiled} - set(configs) - {""})
     if unknown:
