@@ -138,3 +138,6 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     assert merged["graph_memory"]["xmix_gib"] == 2.5 and merged["startup"]["xmix_s"] == 100.0
     assert "missed: 2.5 vs 1 GiB (+1.50 GiB)" in _row(open(md).read(), "CUDA-graph capture")
     assert serve.configs_for(["steer_all", "router_mask"])["all_apps"] == ("xmix", ["steer_all"])
+    # the A/A calibration: the second server (plain vLLM again, or the plugin with nothing deployed) alone
+    assert serve.configs_for([], "plain") == {"vanilla": ("vanilla", None), "aa_plain": ("xmix", None)}
+    assert serve.configs_for([], "empty") == {"vanilla": ("vanilla", None), "aa_empty": ("xmix", None)}
