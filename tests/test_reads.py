@@ -115,6 +115,24 @@ def test_streaming_outputs_grow_and_end_complete(chunked, hf):
     close(probe, want, "probe")
 
 
+def test_final_only_requests_get_their_values_once_at_the_end(chunked, hf, monkeypatch):
+    """Offline ``generate`` (FINAL_ONLY outputs) uses a request's values only at the end: the
+    engine core keeps them until the final output, so the front end receives them once per
+    request rather than with every token (counted at the front end's accumulator), across
+    chunked prefill and preemption, and they equal HF."""
+    from vllm_xmix import results
+
+    calls = []
+    real = results.ReadResults.add
+    monkeypatch.setattr(results.ReadResults, "add", lambda self, chunks: (calls.append(len(chunks)),
+                                                                         real(self, chunks))[1])
+    outs = chunked.generate([{"prompt_token_ids": p} for p in PROMPTS], sp(["pr"]), use_tqdm=False)
+    assert len(calls) == len(PROMPTS), calls
+    assert all(c > 1 for c in calls)  # every step's chunks, in one output
+    for o, p in zip(outs, PROMPTS):
+        check_pr(o, p, hf)
+
+
 def test_read_request_errors(chunked):
     with pytest.raises(ValueError, match=r"mi_apps\[0\]: app 'pr' has reads; reads with n > 1"):
         chunked.generate([{"prompt_token_ids": [1, 2, 3]}], sp(["pr"], max_tokens=2, n=2, temperature=1.0), use_tqdm=False)

@@ -33,21 +33,35 @@ logger = logging.getLogger("vllm.xmix")
 
 
 class ReadResults:
-    """Accumulates one request's read chunks; :meth:`assemble` builds ``mi_results``."""
+    """Accumulates one request's read chunks; :meth:`assemble` builds ``mi_results``.
+
+    :meth:`add` only keeps the step's chunk list (it runs for every output of every request with
+    a read on, on the front end's per-token path); chunks are parsed when values are first
+    assembled."""
 
     def __init__(self, n_prompt: int):
         self.n_prompt = n_prompt
         # (app, name, layer) -> [positions, width, [(seq, pos0, values [n, width]), ...]]
         self._parts: dict[tuple[str, str, int], list] = {}
+        self._raw: list = []  # chunk lists received, not yet parsed
+        self._parsed = 0  # chunks parsed into _parts
         self.n_chunks = 0
 
     def add(self, chunks) -> None:
-        for app, name, layer, positions, pos0, n, width, data in chunks:
-            vals = np.frombuffer(data, dtype=np.float32).reshape(int(n), int(width))
-            key = (app, name, int(layer))
-            part = self._parts.setdefault(key, [positions, int(width), []])
-            part[2].append((self.n_chunks, int(pos0), vals))
-            self.n_chunks += 1
+        """Keep one output's chunks (see ``ReadTransport.reads_of``), in arrival order."""
+        self._raw.append(chunks)
+        self.n_chunks += len(chunks)
+
+    def _parse(self) -> None:
+        raw, self._raw = self._raw, []
+        seq = self._parsed
+        for chunks in raw:
+            for app, name, layer, positions, pos0, n, width, data in chunks:
+                vals = np.frombuffer(data, dtype=np.float32).reshape(int(n), int(width))
+                part = self._parts.setdefault((app, name, int(layer)), [positions, int(width), []])
+                part[2].append((seq, int(pos0), vals))
+                seq += 1
+        self._parsed = seq
 
     def view(self, n_generated: int | None = None) -> "ResultsView":
         """What a RequestOutput carries: the values received so far, assembled on first access."""
@@ -57,6 +71,8 @@ class ReadResults:
         """``n_generated``: number of generated tokens when the request has finished (fixes the
         expected length; a missing position is NaN and logged), None while it runs. ``upto``:
         use only the first ``upto`` chunks received (a streamed output's snapshot)."""
+        if self._raw:
+            self._parse()
         P = self.n_prompt
         out: dict[str, dict] = {}
         for (app, name, layer), (positions, width, all_chunks) in sorted(self._parts.items()):
