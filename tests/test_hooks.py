@@ -87,11 +87,12 @@ def deltas(names, scale=SCALE):
 
 # each fused_writes setting on one architecture: Llama the default "none" (every write through
 # the op), Qwen3 "adds" (steering adds in the graph), Mixtral "all" (projections too); "norm"
-# (the ops of resid_pre/mid/post replace vLLM's next add + RMSNorm) compiled on Llama, eager on Qwen3
+# (the ops of resid_pre/mid/post replace vLLM's next add + RMSNorm) eager on Qwen3, and compiled on
+# Llama as the default "auto" resolves it here
 @pytest.fixture(scope="module", params=[("llama", "eager", "none"), ("llama", "compiled", "none"),
                                         ("qwen3", "eager", "adds"), ("qwen3", "compiled", "adds"),
                                         ("mixtral", "eager", "all"), ("mixtral", "compiled", "all"),
-                                        ("llama", "compiled", "norm"), ("qwen3", "eager", "norm")],
+                                        ("llama", "compiled", "auto"), ("qwen3", "eager", "norm")],
                 ids=lambda p: f"{p[0]}-{p[1]}" + ("" if p[2] == "none" else f"-fused_{p[2]}"))
 def arch_engine(request, tmp_path_factory):
     from conftest import HFOracle
@@ -334,7 +335,9 @@ def test_norm_hosts_the_residual_sites(arch_engine, monkeypatch):
     assert gen(llm, ["post", "mid"]) == [hf.greedy(p, N, deltas(["post", "mid"])) for p in PROMPTS]
     steered = len(calls)
     assert gen(llm, None) == [hf.greedy(p, N) for p in PROMPTS]
-    if llm.fused_writes == "norm":
+    resolved = llm.llm_engine.vllm_config.additional_config["xmix"]["fused_writes"]
+    if llm.fused_writes in ("norm", "auto"):
+        assert resolved == "norm", "auto: an unquantized one-rank engine hosts the writes in the norms"
         assert steered and len(calls) > steered, "the norms hosting the sites did not run the op"
     else:
-        assert not calls
+        assert resolved == llm.fused_writes and not calls

@@ -186,7 +186,7 @@ def test_fused_writes_setting_chooses_what_the_graph_applies():
     assert names["adds"] == (posts, ["blocks.2.hook_resid_pre"], [])
     assert names["all"] == (sorted(posts + ["blocks.2.hook_resid_pre"]), [], [])
     assert names["none"] == ([], ["blocks.2.hook_resid_pre"], posts)
-    with pytest.raises(XmixSpecError, match=r"xmix\.fused_writes: Input should be 'adds', 'all', 'none' or 'norm' \(got 'ALL'\)"):
+    with pytest.raises(XmixSpecError, match=r"xmix\.fused_writes: Input should be 'adds', 'all', 'auto', 'none' or 'norm' \(got 'ALL'\)"):
         deploy(fused_writes="ALL")
 
 
@@ -434,3 +434,26 @@ def test_only_requests_with_token_conditions_stage_their_prompt():
     hist = st.conditions.hist
     assert hist[st.req_slot["t"], :10].tolist() == list(range(30, 40))
     assert hist[st.req_slot["s"]].abs().sum() == 0
+
+
+def test_auto_fused_writes_keeps_vllm_norm_fusions():
+    """``fused_writes="auto"`` hosts the writes in the norms only where vLLM would not fuse those
+    norms with anything else for requests with apps off: an fp8 model (Inductor fuses norm and
+    quantization), tensor parallelism (all-reduce + RMSNorm), a compile pass matching RMSNorm.
+    (The rule on engine settings; an unquantized one-rank CPU engine resolving to "norm" is in
+    tests/test_hooks.py.)"""
+    from types import SimpleNamespace as NS
+
+    from vllm_xmix.validation.engine import resolve_fused_writes
+
+    def cfg(quant=None, tp=1, **passes):
+        return NS(model_config=NS(quantization=quant), parallel_config=NS(tensor_parallel_size=tp),
+                  compilation_config=NS(pass_config=NS(**{"fuse_norm_quant": False, "fuse_allreduce_rms": False, **passes})))
+
+    assert resolve_fused_writes(cfg())[0] == "norm"
+    mode, why = resolve_fused_writes(cfg(quant="fp8"))
+    assert mode == "none" and "fp8" in why
+    assert resolve_fused_writes(cfg(tp=2))[0] == "none"
+    mode, why = resolve_fused_writes(cfg(fuse_norm_quant=True))
+    assert mode == "none" and "fuse_norm_quant" in why
+    assert resolve_fused_writes(cfg(fuse_allreduce_rms=True))[0] == "none"

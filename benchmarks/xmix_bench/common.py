@@ -150,7 +150,7 @@ def serving_apps(cfg: dict, vec_dir: str | None = None, scale: float = 0.5, name
 # ------------------------------------------------------------------------------ engines
 
 
-def make_llm(model_dir: str, *, apps=(), fused_writes: str = "none", eager: bool = False, dtype: str = "bfloat16",
+def make_llm(model_dir: str, *, apps=(), fused_writes: str = "auto", eager: bool = False, dtype: str = "bfloat16",
              max_model_len: int = 2048, **kw):
     """``vllm.LLM`` on dummy weights with token-id prompts (no tokenizer), ``apps`` deployed
     (none: plain vLLM, as far as this process goes; run it with ``VLLM_PLUGINS=""`` to keep the
@@ -171,7 +171,9 @@ def make_llm(model_dir: str, *, apps=(), fused_writes: str = "none", eager: bool
 def engine_info(llm) -> dict:
     """The engine settings that decide what is measured."""
     vc = llm.llm_engine.vllm_config
-    return dict(v2_runner=bool(getattr(vc, "use_v2_model_runner", False)),
+    dep = (vc.additional_config or {}).get("xmix") if isinstance(vc.additional_config, dict) else None
+    return dict(fused_writes_resolved=dep.get("fused_writes") if dep else None,
+                v2_runner=bool(getattr(vc, "use_v2_model_runner", False)),
                 cudagraph_mode=str(vc.compilation_config.cudagraph_mode),
                 compile_mode=str(vc.compilation_config.mode),
                 async_scheduling=bool(vc.scheduler_config.async_scheduling))

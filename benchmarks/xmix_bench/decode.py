@@ -52,7 +52,7 @@ def add_arguments(p) -> None:
                    help="also deploy 'ablate_all' (directional ablation at hook_resid_pre of every layer, "
                         "Arditi et al.) and benchmark it")
     p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--fused-writes", choices=["none", "adds", "all", "norm"], default="none",
+    p.add_argument("--fused-writes", choices=["auto", "none", "adds", "all", "norm"], default="auto",
                    help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     p.add_argument("--out", help="the JSON file to write")
     p.add_argument("--compare", nargs="+", metavar="FILE", help="compare files written by this command")

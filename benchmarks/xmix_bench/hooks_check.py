@@ -34,7 +34,7 @@ def add_arguments(p) -> None:
     p.add_argument("--tokens", type=int, default=16, help="greedy tokens per prompt")
     p.add_argument("--gpu-mem", type=float, default=0.9, help="gpu_memory_utilization")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--fused-writes", choices=["none", "adds", "all", "norm"], default="none",
+    p.add_argument("--fused-writes", choices=["auto", "none", "adds", "all", "norm"], default="auto",
                    help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two files written by this command")
 

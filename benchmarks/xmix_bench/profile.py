@@ -85,13 +85,13 @@ def add_arguments(p) -> None:
                    help="apps on per request (none: no app); the apps named are deployed")
     r = sub.add_parser("runtime", help="the worker-side runtime alone, the benchmark deployment at full size")
     r.add_argument("model", metavar="MODEL_DIR", help="model config folder, e.g. benchmarks/models/llama31_8b")
-    r.add_argument("--fused-writes", choices=["none", "adds", "all", "norm"], default="none",
+    r.add_argument("--fused-writes", choices=["auto", "none", "adds", "all", "norm"], default="auto",
                    help="the deployment's fused_writes (adds/all: fill() also writes the per-token fused coefficients)")
     r.add_argument("--steps", type=int, default=300, help="mixed + decode steps per app (the first 50 not counted)")
     v = sub.add_parser("vs-plain", help="whole engine steps, compiled, serving-like arrivals: plugin vs plain vLLM")
     v.add_argument("--configs", default="inactive,steer_all,probe_one",
                    help="apps on per request (inactive: none), names of the benchmark deployment")
-    v.add_argument("--fused-writes", choices=["none", "adds", "all", "norm"], default="none",
+    v.add_argument("--fused-writes", choices=["auto", "none", "adds", "all", "norm"], default="auto",
                    help="the deployment's fused_writes")
     v.add_argument("--steps", type=int, default=300, help="measured engine steps per configuration")
     v.add_argument("--_engine", help=argparse.SUPPRESS)  # internal: one engine of vs-plain
@@ -316,7 +316,7 @@ def host_steps(batch: int, tokens: int, configs: str) -> int:
 
 
 def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int = 300,
-                  fused_writes: str = "none") -> int:
+                  fused_writes: str = "auto") -> int:
     """Per app of the benchmark deployment: median host ms of the runtime's per-step work
     (``update_requests``, ``fill``, ``snapshot`` / ``reads_of``) in a mixed and a decode step."""
     from types import SimpleNamespace as NS

@@ -94,7 +94,7 @@ def _server_options(q) -> None:
     q.add_argument("--gpu-mem", type=float, default=0.42, help="--gpu-memory-utilization of each server")
     q.add_argument("--max-model-len", type=int, default=4096)
     q.add_argument("--dtype", default="bfloat16")
-    q.add_argument("--fused-writes", choices=["none", "adds", "all", "norm"], default="none",
+    q.add_argument("--fused-writes", choices=["auto", "none", "adds", "all", "norm"], default="auto",
                    help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     q.add_argument("--server-args", default="", help="extra arguments for both servers (e.g. --enforce-eager)")
     q.add_argument("--second", choices=["xmix", "plain", "empty"], default="xmix",

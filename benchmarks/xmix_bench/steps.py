@@ -52,10 +52,10 @@ def add_arguments(p) -> None:
     p.add_argument("model", metavar="MODEL_DIR", help="model config folder, e.g. benchmarks/models/llama31_8b")
     p.add_argument("--configs", default="inactive,steer_all,ablate_all,probe_one,seal,cast",
                    help="apps on every request (inactive: none), names of the benchmark deployment")
-    p.add_argument("--fused-writes", default="none",
-                   help="comma-separated fused_writes values (none, adds, all): one plugin engine each")
+    p.add_argument("--fused-writes", default="auto",
+                   help="comma-separated fused_writes values (auto, none, norm, adds, all): one plugin engine each")
     p.add_argument("--fused-configs", default="inactive,steer_all,ablate_all",
-                   help="the configurations of the engines with fused_writes other than none")
+                   help="the configurations of the engines after the first (with the other fused_writes values)")
     p.add_argument("--rate", type=float, default=16.0, help="requests per second (Poisson)")
     p.add_argument("--num-prompts", type=int, default=150, help="requests per configuration and round")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (after one warm-up round)")
@@ -82,7 +82,8 @@ def main(args) -> int:
     engines = [("plain", {"VLLM_PLUGINS": ""})] + [(f"xmix:{fw}", {}) for fw in args.fused_writes.split(",")]
     for spec, env in engines:
         part = args.out + f".{spec.replace(':', '-')}.json"
-        configs = args.fused_configs if spec.startswith("xmix:") and spec != "xmix:none" else args.configs
+        first = spec == f"xmix:{args.fused_writes.split(',')[0]}"
+        configs = args.configs if spec == "plain" or first else args.fused_configs
         cmd = common.TOOL + ["steps", args.model, "--_engine", spec, "--out", part, "--configs", configs] + \
             _passthrough(args)
         print(f"[steps] {spec}: {' '.join(cmd)}", flush=True)
@@ -402,7 +403,7 @@ def engine(args) -> int:
     if kind == "xmix":
         names = args.configs.split(",")
         apps = common.serving_apps(cfg)  # the serving deployment, whatever is switched on
-    llm, startup = common.make_llm(args.model, apps=apps, fused_writes=fused or "none", dtype=dtype,
+    llm, startup = common.make_llm(args.model, apps=apps, fused_writes=fused or "auto", dtype=dtype,
                                    max_model_len=args.max_model_len)
     eng = llm.llm_engine
     core = eng.engine_core.engine_core

@@ -230,7 +230,7 @@ class DeviceLayout:
         mode = self.deployment.fused_writes
         for (L, hook), sid in self.sites.items():
             writes = self.site_entries_host[sid] or []
-            if hook not in RESIDUAL_HOOKS or mode in ("none", "norm"):  # "norm": the op, at the norm
+            if hook not in RESIDUAL_HOOKS or mode not in ("adds", "all"):  # "norm": the op, at the norm
                 continue
             if self.site_has_proj[sid]:
                 if mode != "all":

@@ -174,11 +174,12 @@ class MIApp:
         return self.to_spec().content_hash()
 
 
-def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict, fused_writes: str = "none") -> dict[str, Any]:
+def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict, fused_writes: str = "auto") -> dict[str, Any]:
     """Build vLLM's ``additional_config`` for these apps: ``{"xmix": {"apps": [...],
     "fused_writes": ...}}``.
 
-    ``fused_writes``: ``"none"`` (default), ``"adds"`` or ``"all"``: which unconditional writes a
+    ``fused_writes``: ``"auto"`` (default: ``"norm"`` where it costs apps-off requests nothing,
+    else ``"none"``; :class:`DeploymentConfig`), ``"none"``, ``"adds"`` or ``"all"``: which unconditional writes a
     compiled engine applies inside its graph, at a cost to every request, apps on or off
     (trade-off and measured costs: :class:`DeploymentConfig`; no effect with ``enforce_eager``);
     ``"norm"``: residual-stream writes run inside vLLM's next residual add + RMSNorm, in one

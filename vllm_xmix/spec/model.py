@@ -441,7 +441,11 @@ class DeploymentConfig(BaseModel):
 
     Fields:
         apps: the deployed apps (unique names).
-        fused_writes: ``"none"`` (default), ``"adds"`` or ``"all"``: which unconditional
+        fused_writes: ``"auto"`` (default): ``"norm"`` where it costs requests with apps
+            off nothing, else ``"none"`` (resolved when the engine is configured,
+            ``validation.engine.resolve_fused_writes``: ``"norm"`` unless the model is
+            quantized, tensor parallelism is on, or one of vLLM's compile passes that match
+            RMSNorm is on). ``"none"``, ``"adds"`` or ``"all"``: which unconditional
             residual-stream writes a compiled engine applies as torch ops inside its graph
             instead of through the hook op. A fused write costs no launch of its own, but it is
             in every CUDA-graph variant, so every request pays for it, apps on or off (H200,
@@ -469,7 +473,7 @@ class DeploymentConfig(BaseModel):
     apps: list[AppSpec] = Field(default_factory=list)
     #: see the class docstring (trade-off, measured costs: benchmarks/RESULTS.md);
     #: "adds" suits deployments where most requests steer
-    fused_writes: Literal["adds", "all", "none", "norm"] = "none"
+    fused_writes: Literal["adds", "all", "auto", "none", "norm"] = "auto"
     #: set by the plugin at engine configuration (``"vllm-xmix <version>"``); keys the compile cache
     runtime: str | None = None
 

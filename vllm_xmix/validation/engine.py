@@ -7,12 +7,15 @@ Inductor freezing, sequence parallelism, a ``VLLM_PLUGINS`` that leaves the plug
 
 from __future__ import annotations
 
+import logging
 import os
 
 from ..hf_config import n_experts, text_config
 from ..runtime import RUNTIME_ID, check_buffer_bytes, engine_limits, graph_variant_settings
 from ..spec import CONFIG_KEY, XmixSpecError, parse_deployment, validate_deployment
 from .requests import check_write_magnitude
+
+logger = logging.getLogger("vllm.xmix")
 
 
 def validate_engine_config(vllm_config) -> None:
@@ -90,7 +93,29 @@ def validate_engine_config(vllm_config) -> None:
     # dict is part of vLLM's config hash, so a torch.compile/AOT cache written by an engine
     # without the plugin (or another plugin version) is never reused for this one.
     dep.runtime = RUNTIME_ID
+    if dep.fused_writes == "auto":
+        dep.fused_writes, why = resolve_fused_writes(vllm_config)
+        logger.info("vllm_xmix: fused_writes=auto -> %s (%s)", dep.fused_writes, why)
     add[CONFIG_KEY] = dep.model_dump(mode="json", exclude_none=True)
+
+
+def resolve_fused_writes(vllm_config) -> tuple[str, str]:
+    """What ``fused_writes="auto"`` means on this engine, and why: ``"norm"`` (the residual-stream
+    writes inside vLLM's add + RMSNorm, launched only in the graph variants where their apps
+    are on) when the hosted norms lose nothing for requests with apps off; ``"none"`` (a kernel
+    per site) when vLLM would fuse those norms with something else: a quantized model (Inductor
+    fuses the norm with the activation quantization that follows it), tensor parallelism (the
+    all-reduce + RMSNorm fusion), or a compile pass that pattern-matches RMSNorm turned on."""
+    mc = vllm_config.model_config
+    if getattr(mc, "quantization", None):
+        return "none", f"quantization {mc.quantization!r}: vLLM fuses the norms with the quantization"
+    if vllm_config.parallel_config.tensor_parallel_size > 1:
+        return "none", "tensor parallelism: vLLM may fuse the all-reduce with the norms"
+    pc = getattr(vllm_config.compilation_config, "pass_config", None)
+    on = [f for f in ("fuse_norm_quant", "fuse_allreduce_rms") if getattr(pc, f, False)]
+    if on:
+        return "none", f"compile passes {on} match the norms"
+    return "norm", "unquantized, one rank, no compile pass matches the norms"
 
 
 def envs_plugins_exclude_xmix() -> bool:
