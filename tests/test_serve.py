@@ -127,6 +127,37 @@ def test_bad_selection_is_http_400_and_the_server_keeps_serving(server, hf):
     assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
 
 
+def test_mi_apps_body_field_selects_like_vllm_xargs(server, hf):
+    """A top-level "mi_apps" field (the OpenAI client's extra_body) selects apps exactly as
+    vllm_xargs.xmix does; its errors name it."""
+    url, model = server
+    for sel in ([{"name": "happy"}], [{"name": "happy"}, {"name": "sad"}], [{"name": "sad", "scale": -1.5}]):
+        body_sel = [s["name"] if len(s) == 1 else s for s in sel]  # names or objects, as offline
+        status, resp = complete(url, model, PROMPTS[1], mi_apps=body_sel)
+        assert status == 200, resp
+        assert tokens(resp) == hf.greedy(PROMPTS[1], N, app_deltas(sel)), sel
+    status, resp = complete(url, model, PROMPTS[1], mi_apps=["nope"])
+    assert status == 400 and "mi_apps[0].name: unknown app 'nope'" in json.dumps(resp), resp
+
+
+def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
+    """A body that looks like a selection but is not one is refused by name, never answered
+    unsteered: a misspelled vllm_xargs key, a misspelled body field, the Python client's
+    extra_body sent as a field, a selection given twice; also when streaming. The server keeps
+    serving."""
+    url, model = server
+    for xargs, extra, msg in (({"xmx": ["happy"]}, {}, "vllm_xargs.xmx: unknown key"),
+                              (None, {"mi_app": ["happy"]}, "mi_app: unknown request field"),
+                              (None, {"miapps": ["happy"], "stream": True}, "miapps: unknown request field"),
+                              (None, {"extra_body": {"mi_apps": ["happy"]}}, "extra_body: is the OpenAI Python"),
+                              ({"xmix": ["happy"]}, {"mi_apps": ["sad"]}, "give the selection once")):
+        status, resp = complete(url, model, PROMPTS[0], xargs, **extra)
+        assert status == 400, (xargs, extra, status, resp)
+        assert msg in json.dumps(resp), (msg, resp)
+    status, resp = complete(url, model, PROMPTS[0], mi_apps=["happy"])
+    assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
+
+
 def test_read_results_come_back_over_http(server, hf):
     url, model = server
     p = PROMPTS[2]

@@ -1,0 +1,109 @@
+"""The ``vllm-xmix`` command: ``apps validate`` against a model's config without an engine, and
+``serve`` (vLLM's OpenAI server on CPU with a deployment file whose vectors are files, selected
+per request with ``mi_apps``) against the HF oracle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+
+import numpy as np
+from conftest import HAPPY_LAYERS, HAPPY_SCALE, PROMPTS, V_HAPPY, app_deltas
+
+from vllm_xmix import cli
+
+N = 8
+
+
+def write_deployment(folder, layers=HAPPY_LAYERS, vector=V_HAPPY) -> str:
+    """A YAML deployment whose vector is a .npy file next to it (relative path)."""
+    np.save(folder / "happy.npy", vector)
+    (folder / "apps.yaml").write_text(
+        "apps:\n"
+        "  - name: happy\n"
+        "    ops:\n"
+        "      - primitive: write\n"
+        "        kind: add\n"
+        "        hook: hook_resid_post\n"
+        f"        layers: {json.dumps(layers)}\n"
+        "        vector: {path: happy.npy}\n"
+        f"        scale: {HAPPY_SCALE}\n")
+    return str(folder / "apps.yaml")
+
+
+def test_the_console_script_is_declared():
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        assert tomllib.load(f)["project"]["scripts"]["vllm-xmix"] == "vllm_xmix.cli:main"
+
+
+def test_apps_validate_checks_against_the_model_config(tiny_llama, tmp_path, capsys):
+    path = write_deployment(tmp_path)
+    assert cli.main(["apps", "validate", path, "--model", tiny_llama]) == 0
+    out = capsys.readouterr().out
+    assert "valid for" in out and "happy" in out and "content hash" in out
+    assert "write add at blocks.{1,2}.hook_resid_post" in out
+    # errors name the file and the field; exit status 2
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for layers, vector, msg in (([1, 9], V_HAPPY, "apps.0(happy).ops.0.layers: layer index 9"),
+                                (HAPPY_LAYERS, V_HAPPY[:10], "apps.0(happy).ops.0")):
+        p = write_deployment(bad, layers, vector)
+        assert cli.main(["apps", "validate", p, "--model", tiny_llama]) == 2
+        err = capsys.readouterr().err
+        assert p in err and msg in err, err
+    (bad / "x.yaml").write_text("apps: [ {name: a, ops: [ {primitive: write, kind: nope} ] } ]\n")
+    assert cli.main(["apps", "validate", str(bad / "x.yaml"), "--model", tiny_llama]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert cli.main(["apps", "validate", str(bad / "missing.yaml"), "--model", tiny_llama]) == 2
+    assert "cannot read the deployment file" in capsys.readouterr().err
+
+
+def test_serve_with_a_deployment_file(tiny_llama, tmp_path, hf):
+    """`vllm-xmix serve MODEL --apps FILE` starts vLLM's OpenAI server with the file's apps; a
+    request selects them with a top-level mi_apps field and gets HF's steered tokens."""
+    import socket
+
+    path = write_deployment(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "server.log"
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    cmd = [sys.executable, "-m", "vllm_xmix.cli", "serve", tiny_llama, "--apps", path, "--port", str(port),
+           "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
+           "--max-num-seqs", "4"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            if proc.poll() is not None:
+                raise AssertionError("vllm-xmix serve exited:\n" + log.read_text()[-4000:])
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except Exception:
+                time.sleep(1)
+        else:
+            raise AssertionError("vllm-xmix serve did not come up:\n" + log.read_text()[-4000:])
+        for sel in (None, ["happy"]):
+            body = {"model": tiny_llama, "prompt": PROMPTS[0], "max_tokens": N, "temperature": 0,
+                    "ignore_eos": True, "return_token_ids": True, **({"mi_apps": sel} if sel else {})}
+            req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                resp = json.loads(r.read())
+            want = hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}] if sel else []))
+            assert list(resp["choices"][0]["token_ids"]) == want, sel
+        assert "vllm-xmix: serving" in log.read_text()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

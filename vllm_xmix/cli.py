@@ -1,0 +1,158 @@
+"""The ``vllm-xmix`` command: serve a model with a deployment file, check a deployment file
+against a model, run the demo.
+
+* ``vllm-xmix serve MODEL --apps apps.yaml [vLLM serve arguments]``: vLLM's OpenAI server
+  (``vllm.entrypoints.openai.api_server``, the module ``vllm serve`` runs) with the deployment of
+  ``apps.yaml`` as ``additional_config["xmix"]``. The deployment goes to vLLM through a
+  ``--config`` YAML file, so vectors stay files (an inline 4096-wide vector would overflow the
+  OS's argument limit); vector paths relative to the deployment file are resolved against its
+  folder. Works with the CPU wheel too (whose ``vllm`` command fails before parsing).
+* ``vllm-xmix apps validate apps.yaml --model MODEL``: the checks of engine start that need no
+  engine (the architecture and its hook points, layers, vector widths and files, token ids) against
+  ``MODEL``'s ``config.json``; prints the apps, their ops and hook sites and content hashes.
+* ``vllm-xmix demo [demo options]``: the shipped model's demo (``python -m vllm_xmix.demo``).
+
+A deployment file is YAML or JSON: the ``additional_config["xmix"]`` dict (``apps``,
+``fused_writes``), optionally under a top-level ``xmix`` key, as ``vllm_xmix.deploy`` writes it.
+Exit status: 0, or 2 with a message naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+from .spec import CONFIG_KEY, XmixSpecError, parse_deployment
+
+
+def load_deployment_file(path: str) -> dict:
+    """The deployment dict of a YAML/JSON file, vector file paths made absolute (relative ones
+    are taken from the file's folder).
+
+    Raises:
+        XmixSpecError: the file is missing, not YAML/JSON, or not a valid deployment (the
+        message names the file and the field)."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except OSError as e:
+        raise XmixSpecError(f"{path}: cannot read the deployment file ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise XmixSpecError(f"{path}: not YAML or JSON ({e})") from None
+    if isinstance(raw, dict) and set(raw) == {CONFIG_KEY}:
+        raw = raw[CONFIG_KEY]
+    if not isinstance(raw, dict):
+        raise XmixSpecError(f"{path}: a deployment is a mapping with 'apps' (got {type(raw).__name__})")
+    base = os.path.dirname(os.path.abspath(path))
+    for app in raw.get("apps") or []:
+        for op in (app.get("ops") or []) if isinstance(app, dict) else []:
+            for key in ("vector", "weight"):
+                v = op.get(key) if isinstance(op, dict) else None
+                if isinstance(v, dict) and isinstance(v.get("path"), str) and not os.path.isabs(v["path"]):
+                    op[key] = {**v, "path": os.path.join(base, v["path"])}
+    try:
+        dep = parse_deployment(raw)
+    except XmixSpecError as e:
+        raise XmixSpecError(f"{path}: {_in_file(e)}") from None
+    return dep.model_dump(mode="json", exclude_none=True)
+
+
+def _in_file(e: Exception) -> str:
+    """An error about the deployment, its fields named as they are in the file."""
+    return str(e).replace(f"additional_config.{CONFIG_KEY}.", "").replace(f"additional_config.{CONFIG_KEY}", "deployment")
+
+
+def _validate(path: str, model: str) -> str:
+    """Check the deployment file against ``model``'s config; returns the report text."""
+    from transformers import AutoConfig
+
+    from .adapters import SUPPORTED_ARCHITECTURES
+    from .hf_config import n_experts, text_config
+    from .spec import validate_deployment
+
+    dep_dict = load_deployment_file(path)
+    dep = parse_deployment(dep_dict)
+    try:
+        cfg = AutoConfig.from_pretrained(model)
+    except Exception as e:
+        raise XmixSpecError(f"--model {model}: cannot read its config.json ({type(e).__name__}: {e})") from None
+    archs = list(getattr(cfg, "architectures", None) or [])
+    adapter = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if dep.apps and adapter is None:
+        raise XmixSpecError(f"--model {model}: architecture {archs} is not supported by vllm-xmix "
+                            f"(supported: {sorted(SUPPORTED_ARCHITECTURES)})")
+    for ai, app in enumerate(dep.apps):
+        for oi, op in enumerate(app.ops):
+            if op.hook not in adapter.hooks:
+                raise XmixSpecError(f"{path}: apps.{ai}({app.name}).ops.{oi}.hook: {op.hook!r} is not available on "
+                                    f"{archs[0]} (available: {', '.join(adapter.hooks)})")
+    text = text_config(cfg)
+    try:
+        validate_deployment(dep, text.num_hidden_layers, text.hidden_size, n_experts(text),
+                            getattr(text, "vocab_size", None))
+    except XmixSpecError as e:
+        raise XmixSpecError(f"{path}: {_in_file(e)}") from None
+    lines = [f"{path}: valid for {model} ({archs[0] if archs else '?'}, {text.num_hidden_layers} layers, "
+             f"d_model {text.hidden_size}); fused_writes={dep.fused_writes}"]
+    for app in dep.apps:
+        lines.append(f"  {app.name}  (content hash {app.content_hash()})")
+        for op in app.ops:
+            layers = op.layers if isinstance(op.layers, str) else ",".join(map(str, op.layers))
+            cond = " if " + json.dumps(op.cond.model_dump(mode="json", exclude_none=True)) if getattr(op, "cond", None) else ""
+            lines.append(f"    {op.primitive} {op.kind} at blocks.{{{layers}}}.{op.hook}{cond}")
+    return "\n".join(lines)
+
+
+def _serve(model: str, apps: str, rest: list[str]) -> int:
+    dep = load_deployment_file(apps)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="vllm-xmix-", delete=False) as f:
+        json.dump({"additional-config": {CONFIG_KEY: dep}}, f)  # (JSON is YAML)
+        cfg_path = f.name
+    print(f"vllm-xmix: serving {model} with {len(dep.get('apps', []))} apps from {apps} "
+          f"(vLLM --config {cfg_path})", flush=True)
+    import runpy
+
+    sys.argv = ["vllm-xmix serve", "--model", model, "--config", cfg_path] + rest
+    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="vllm-xmix", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    s = sub.add_parser("serve", help="vLLM's OpenAI server with a deployment file",
+                       description="vllm-xmix serve MODEL --apps FILE [vLLM serve arguments]")
+    s.add_argument("model")
+    s.add_argument("--apps", required=True, metavar="FILE", help="deployment file (YAML/JSON)")
+    a = sub.add_parser("apps", help="deployment files")
+    asub = a.add_subparsers(dest="apps_cmd", required=True, metavar="ACTION")
+    v = asub.add_parser("validate", help="check a deployment file against a model's config, without an engine")
+    v.add_argument("file")
+    v.add_argument("--model", required=True, help="model folder (its config.json)")
+    sub.add_parser("demo", help="the shipped model's demo (its options: vllm-xmix demo --help)", add_help=False)
+    args, rest = ap.parse_known_args(argv)
+    if rest and args.cmd == "apps":
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        if args.cmd == "serve":
+            return _serve(args.model, args.apps, rest)
+        if args.cmd == "apps":
+            print(_validate(args.file, args.model))
+            return 0
+        from . import demo
+
+        return demo.main(rest)
+    except XmixSpecError as e:
+        print(f"vllm-xmix: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
