@@ -80,3 +80,36 @@ def test_register_does_not_initialise_cuda():
     code = "import torch; from vllm_xmix.plugin import register; register(); print('CUDA_INIT', torch.cuda.is_initialized())"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "CUDA_INIT False" in r.stdout, r.stderr[-2000:]
+
+
+def test_non_default_args_line_shortens_the_deployments_vectors(tiny_llama):
+    """vLLM's start-up line ``non-default args: {...}`` (its own ``log_non_default_args`` on real
+    EngineArgs) shows a deployment's 64-wide vector and 40-id token set as ``<64 floats>`` /
+    ``<40 ints>``, and the rest of the line as vLLM writes it."""
+    import logging
+
+    import numpy as np
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.serve.utils.api_utils import log_non_default_args
+
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.plugin import register
+
+    register()
+    a = MIApp("a").write("add", vector=np.ones(64, np.float32)).layers([1]).cond(tokens=list(range(3, 43)))
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    log = logging.getLogger("vllm.entrypoints.serve.utils.api_utils")
+    h = Keep()
+    log.addHandler(h)
+    try:
+        log_non_default_args(EngineArgs(model=tiny_llama, additional_config=deploy(a), max_model_len=99))
+    finally:
+        log.removeHandler(h)
+    line = next(r for r in records if r.startswith("non-default args"))
+    assert "<64 floats>" in line and "<40 ints>" in line and "'max_model_len': 99" in line, line
+    assert "1.0, 1.0" not in line

@@ -158,6 +158,25 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
     assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
 
 
+def test_chat_completions_with_apps(server, hf):
+    """The tiny model ships a chat template: chat completions work out of the box, and select
+    apps like completions (top-level mi_apps)."""
+    url, model = server
+    msgs = [{"role": "user", "content": "The cat sat on"}]
+    got = {}
+    for sel in (None, ["happy"]):
+        body = {"model": model, "messages": msgs, "max_tokens": N, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True, **({"mi_apps": sel} if sel else {})}
+        req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            resp = json.loads(r.read())
+        prompt = resp["prompt_token_ids"]
+        got[bool(sel)] = toks = list(resp["choices"][0]["token_ids"])
+        assert toks == hf.greedy(prompt, N, app_deltas([{"name": "happy"}] if sel else [])), sel
+    assert got[True] != got[False]
+
+
 def test_read_results_come_back_over_http(server, hf):
     url, model = server
     p = PROMPTS[2]

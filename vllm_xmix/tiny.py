@@ -30,7 +30,12 @@ TINY_SPECS = {
                     num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=1024,
                     initializer_range=0.2, tie_word_embeddings=False, rms_norm_eps=1e-5, seed=0),
 }
-_VERSION = 1  # bump to rebuild cached models
+_VERSION = 2  # bump to rebuild cached models
+
+#: the tiny models' chat template (so chat completions work out of the box): one "role: content"
+#: line per message, then "assistant:" for the reply
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def cache_dir() -> Path:
@@ -72,8 +77,10 @@ def _train_tokenizer(vocab_size: int):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(), trainer)
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
-                                   pad_token="<|pad|>")
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
+                                  pad_token="<|pad|>")
+    out.chat_template = CHAT_TEMPLATE
+    return out
 
 
 def build_tiny_model(arch: str = "llama", root: str | os.PathLike | None = None) -> str:

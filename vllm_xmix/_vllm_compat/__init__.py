@@ -18,7 +18,9 @@ component it patches. Each patch wraps the original (kept as ``__wrapped__``), i
 * :mod:`.output_processor` -- ``RequestState.make_request_output``: read values become
   ``RequestOutput.mi_results``;
 * :mod:`.openai_server` -- ``create_completion`` / ``create_chat_completion``: bad selections are
-  an HTTP 400 before the response starts.
+  an HTTP 400 before the response starts;
+* :mod:`.args_log` -- the logger of ``log_non_default_args``: a deployment's inline vectors are
+  shortened in the start-up line.
 
 The patches call into the runtime (:mod:`vllm_xmix.runtime`) and the checks
 (:mod:`vllm_xmix.validation`); neither imports this package.
@@ -32,6 +34,7 @@ from .engine_args import patch_refusal as _patch_refusal
 
 def apply_patches() -> list[str]:
     """Apply every patch (idempotent); returns the names of what is patched."""
+    from .args_log import patch_args_log
     from .engine_args import patch_engine_args
     from .graph_capture import patch_graph_variants
     from .input_processor import patch_input_processor
@@ -50,6 +53,7 @@ def apply_patches() -> list[str]:
     patch_scheduler()
     patch_output_processor()
     patch_openai_server()
+    patch_args_log()
     return list(_PATCHED)
 
 
