@@ -177,6 +177,58 @@ def test_chat_completions_with_apps(server, hf):
     assert got[True] != got[False]
 
 
+def stream_chunks(url, path, body):
+    """The ``data:`` objects of a streamed response (raw SSE)."""
+    req = urllib.request.Request(url + path, data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    out = []
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("data: {"):
+                out.append(json.loads(line[len("data: "):]))
+    return out
+
+
+def test_streamed_chunks_carry_each_tokens_read_values(server, hf):
+    """Streaming: each chunk's choice carries ``mi_results``, the values of the positions new
+    in it (the prompt's with the first token, then one per token: the state that predicted that
+    token); concatenated they are the non-streaming response's top-level ``mi_results`` and HF's;
+    the final chunk also has them all (``mi_results_complete``). Completions and chat alike."""
+    url, model = server
+    p = PROMPTS[2]
+    body = {"model": model, "prompt": p, "max_tokens": N, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "mi_apps": ["probe", "happy"]}
+    status, full = complete(url, model, p, mi_apps=["probe", "happy"])
+    assert status == 200, full
+    want = np.array(full["mi_results"]["probe"]["probe"])
+    assert full["mi_results"] == full["kv_transfer_params"]["xmix_results"]
+    toks = tokens(full)
+    x = hf.record(list(p) + toks[:-1], [(2, "hook_resid_post")], app_deltas([{"name": "happy"}]))[(2, "hook_resid_post")]
+    np.testing.assert_allclose(want, x.astype(np.float64) @ W + 0.5, rtol=1e-4, atol=1e-4)
+    chunks = [c for c in stream_chunks(url, "/v1/completions", body) if c.get("choices")]
+    got, streamed_toks, pos = [], [], 0
+    for c in chunks:
+        ch = c["choices"][0]
+        streamed_toks += ch.get("token_ids") or []
+        r = ch["mi_results"].get("probe", {}).get("probe")
+        if r is not None:
+            assert r["pos0"] == pos, (r["pos0"], pos)
+            pos += len(r["values"])
+            got += r["values"]
+        # a chunk carries the values up to the state that predicted its last token
+        assert pos == len(p) + len(streamed_toks) - 1, (pos, len(streamed_toks))
+    assert streamed_toks == toks
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert chunks[-1]["choices"][0]["mi_results_complete"] == full["mi_results"]
+    # chat: the same fields
+    chat = {"model": model, "messages": [{"role": "user", "content": "The cat"}], "max_tokens": N,
+            "temperature": 0, "ignore_eos": True, "mi_apps": ["probe"]}
+    chunks = [c for c in stream_chunks(url, "/v1/chat/completions", chat) if c.get("choices")]
+    vals = [v for c in chunks for v in c["choices"][0].get("mi_results", {}).get("probe", {}).get("probe", {}).get("values", [])]
+    final = chunks[-1]["choices"][0]["mi_results_complete"]["probe"]["probe"]
+    assert vals and vals == final
+
+
 def test_read_results_come_back_over_http(server, hf):
     url, model = server
     p = PROMPTS[2]

@@ -67,15 +67,14 @@ class ReadResults:
         """What a RequestOutput carries: the values received so far, assembled on first access."""
         return ResultsView(self, self.n_chunks, n_generated)
 
-    def assemble(self, n_generated: int | None = None, upto: int | None = None) -> dict[str, dict]:
-        """``n_generated``: number of generated tokens when the request has finished (fixes the
-        expected length; a missing position is NaN and logged), None while it runs. ``upto``:
-        use only the first ``upto`` chunks received (a streamed output's snapshot)."""
+    def parts(self, n_generated: int | None = None, upto: int | None = None):
+        """Per read entry, ``((app, name, layer), positions, start, values [n, width])``: the
+        values of positions ``start .. start + n - 1`` (``start``: 0, or ``P - 1`` for captures
+        of ``generated`` / ``last`` positions); arguments as for :meth:`assemble`."""
         if self._raw:
             self._parse()
         P = self.n_prompt
-        out: dict[str, dict] = {}
-        for (app, name, layer), (positions, width, all_chunks) in sorted(self._parts.items()):
+        for key, (positions, width, all_chunks) in sorted(self._parts.items()):
             chunks = [(p0, v) for seq, p0, v in all_chunks if upto is None or seq < upto]
             if not chunks:
                 continue
@@ -91,6 +90,15 @@ class ReadResults:
                 lo, hi = max(p0, start), min(p0 + len(v), end)
                 if hi > lo:
                     arr[lo - start:hi - start] = v[lo - p0:hi - p0]
+            yield key, positions, start, arr
+
+    def assemble(self, n_generated: int | None = None, upto: int | None = None) -> dict[str, dict]:
+        """``n_generated``: number of generated tokens when the request has finished (fixes the
+        expected length; a missing position is NaN and logged), None while it runs. ``upto``:
+        use only the first ``upto`` chunks received (a streamed output's snapshot)."""
+        out: dict[str, dict] = {}
+        for (app, name, layer), positions, start, arr in self.parts(n_generated, upto):
+            width = arr.shape[1]
             if n_generated is not None and np.isnan(arr).all(axis=1).any():
                 missing = np.flatnonzero(np.isnan(arr).all(axis=1)) + start
                 logger.warning("vllm_xmix: read %s.%s at layer %d has no value at positions %s (NaN)",
@@ -138,3 +146,62 @@ def to_json(results: dict) -> dict:
         return a.tolist() if np.isfinite(a).all() else clean(a.tolist())
 
     return {app: {name: conv(v) for name, v in reads.items()} for app, reads in results.items()}
+
+
+
+class StreamDelta:
+    """One streamed request's read values chunk by chunk (``mi_results`` of each chunk the
+    OpenAI server streams): :meth:`take` returns the values of the positions that arrived since
+    the previous call, as JSON-able data::
+
+        {app: {name: {"pos0": first position, "values": [...]}}}   # {name: {layer: {...}}} for several layers
+
+    ``values`` has one entry per position ``pos0, pos0 + 1, ...`` (probes: a float; captures: a
+    row of ``width`` floats; missing values: null), in the alignment of ``mi_results`` (position
+    ``i`` is the ``i``-th token of prompt + generated tokens); a ``last`` capture comes once, as
+    ``{"pos0": P - 1, "values": [row]}``. Concatenated over a stream's chunks they are the
+    values of the non-streaming response."""
+
+    def __init__(self) -> None:
+        self._sent: dict[tuple, int] = {}
+
+    def take(self, acc: ReadResults | None, upto: int | None = None) -> dict:
+        """The values new since the last call, of the first ``upto`` chunks of ``acc`` (the
+        output being streamed: chunks of later outputs may already be there)."""
+        out: dict = {}
+        if acc is None:
+            return out
+        layers: dict[tuple[str, str], set] = {}
+        items = list(acc.parts(upto=upto))
+        for (app, name, layer), _, _, _ in items:
+            layers.setdefault((app, name), set()).add(layer)
+        for (app, name, layer), positions, start, arr in items:
+            key = (app, name, layer)
+            sent = self._sent.get(key, 0)
+            n = len(arr)
+            while n > sent and np.isnan(arr[n - 1]).all():  # (not yet arrived)
+                n -= 1
+            if n <= sent:
+                continue
+            new = arr[sent:n]
+            self._sent[key] = n
+            entry = {"pos0": start + sent, "values": _json_values(new[:, 0] if positions == "probe" else new)}
+            slot = out.setdefault(app, {})
+            if len(layers[(app, name)]) == 1:
+                slot[name] = entry
+            else:
+                slot.setdefault(name, {})[str(layer)] = entry
+        return out
+
+
+def _json_values(a: np.ndarray) -> list:
+    """Floats as a (nested) list, non-finite values as None."""
+    a = np.asarray(a, dtype=np.float64)
+    vals = a.tolist()
+    if np.isfinite(a).all():
+        return vals
+
+    def clean(x):
+        return [clean(y) for y in x] if isinstance(x, list) else (None if not np.isfinite(x) else x)
+
+    return clean(vals)

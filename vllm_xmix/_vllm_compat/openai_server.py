@@ -1,13 +1,20 @@
 """OpenAI server: ``OpenAIServingCompletion.create_completion`` and
-``OpenAIServingChat.create_chat_completion`` are wrapped so that a bad ``vllm_xargs["xmix"]`` is
-answered with an HTTP 400 before the server starts answering
-(:func:`vllm_xmix.validation.http_precheck`), also for streaming requests."""
+``OpenAIServingChat.create_chat_completion`` are wrapped so that a bad selection (``mi_apps`` or
+``vllm_xargs["xmix"]``) is answered with an HTTP 400 before the server starts answering
+(:func:`vllm_xmix.validation.http_precheck`), also for streaming requests, and so that responses
+carry read values in a ``mi_results`` field: non-streaming responses at the top level (the values
+of ``RequestOutput.mi_results`` as JSON, also kept in ``kv_transfer_params["xmix_results"]``);
+streamed chunks in their choice, the values of the positions new in that chunk
+(:class:`vllm_xmix.results.StreamDelta`), and the final chunk's choice also
+``mi_results_complete``, all of them (the non-streaming response's ``mi_results``)."""
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 
+from ..results import StreamDelta, to_json
 from ..validation import http_precheck
 from ..validation.http import _n_prompts
 from .core import mark
@@ -29,11 +36,63 @@ def patch_openai_server() -> None:
             err = http_precheck(self, request, prompts(request))
             if err is not None:
                 return self.create_error_response(err)
-            return await orig(self, request, *args, **kwargs)
+            resp = await orig(self, request, *args, **kwargs)
+            kv = getattr(resp, "kv_transfer_params", None)
+            if isinstance(kv, dict) and "xmix_results" in kv:
+                resp.mi_results = kv["xmix_results"]  # (an extra field: vLLM's response models allow them)
+            return resp
 
         return create
+
+    def wrap_stream(orig, gen_index):
+        @functools.wraps(orig)
+        async def stream(self, request, *args, **kwargs):
+            args = list(args)
+            latest = [None]  # the RequestOutput the chunks being yielded come from
+
+            async def outputs(gen):
+                async for item in gen:
+                    latest[0] = item[1] if isinstance(item, tuple) else item
+                    yield item
+
+            if len(args) > gen_index:
+                args[gen_index] = outputs(args[gen_index])
+            else:
+                kwargs["result_generator"] = outputs(kwargs["result_generator"])
+            deltas: dict[int, StreamDelta] = {}
+            async for chunk in orig(self, request, *args, **kwargs):
+                res = latest[0]
+                view = res.__dict__.get("_xmix_view") if res is not None else None
+                if view is not None and chunk.startswith("data: {"):
+                    chunk = _with_reads(chunk, view, deltas)
+                yield chunk
+
+        return stream
 
     mark("OpenAIServingCompletion.create_completion", OpenAIServingCompletion, "create_completion",
           lambda orig: wrap(orig, lambda r: _n_prompts(getattr(r, "prompt", None))))
     mark("OpenAIServingChat.create_chat_completion", OpenAIServingChat, "create_chat_completion",
           lambda orig: wrap(orig, lambda r: 1))
+    mark("OpenAIServingCompletion.completion_stream_generator", OpenAIServingCompletion,
+         "completion_stream_generator", lambda orig: wrap_stream(orig, 1))
+    mark("OpenAIServingChat.chat_completion_stream_generator", OpenAIServingChat,
+         "chat_completion_stream_generator", lambda orig: wrap_stream(orig, 0))
+
+
+def _with_reads(chunk: str, view, deltas: dict) -> str:
+    """A streamed ``data: {...}`` chunk with its choice's ``mi_results`` (and, with the finish
+    reason, ``mi_results_complete``)."""
+    try:
+        data = json.loads(chunk[len("data: "):])
+    except ValueError:
+        return chunk
+    choices = data.get("choices") or []
+    if not choices:
+        return chunk
+    c = choices[0]
+    d = deltas.setdefault(c.get("index", 0), StreamDelta())
+    c["mi_results"] = d.take(view._acc, view._upto)
+    if c.get("finish_reason") is not None:
+        n_gen = view._n_generated
+        c["mi_results_complete"] = to_json(view._acc.assemble(n_generated=n_gen, upto=view._upto))
+    return f"data: {json.dumps(data)}\n\n"
