@@ -32,7 +32,7 @@ def write_deployment(folder, layers=HAPPY_LAYERS, vector=V_HAPPY) -> str:
         "        hook: hook_resid_post\n"
         f"        layers: {json.dumps(layers)}\n"
         "        vector: {path: happy.npy}\n"
-        f"        scale: {HAPPY_SCALE}\n")
+        f"        scale: {HAPPY_SCALE:.0e}\n")  # 4e+00: YAML 1.1 reads it as a string, the loader as a float
     return str(folder / "apps.yaml")
 
 
@@ -61,6 +61,8 @@ def test_apps_validate_checks_against_the_model_config(tiny_llama, tmp_path, cap
     assert "nope" in capsys.readouterr().err
     assert cli.main(["apps", "validate", str(bad / "missing.yaml"), "--model", tiny_llama]) == 2
     assert "cannot read the deployment file" in capsys.readouterr().err
+    assert cli.main(["apps", "validate", path, "--model", str(tmp_path / "no-model")]) == 2
+    assert "no such model folder" in capsys.readouterr().err
 
 
 def test_serve_with_a_deployment_file(tiny_llama, tmp_path, hf):

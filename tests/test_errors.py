@@ -226,7 +226,7 @@ def test_overflowing_deployed_scale_is_refused(tiny_llama):
     """A deployed scale whose writes overflow the model's dtype (inf/NaN in reused KV-cache
     blocks would reach other requests) is refused when the engine is configured."""
     with pytest.raises(ValueError, match=r"apps\.0\(x\)\.scale: app 'x' op 0 would write values up to .* dtype "
-                                         r"torch\.float32 holds writes up to"):
+                                         r"torch\.float32, writes up to .* stay finite"):
         make_llm(tiny_llama, "eager", additional_config=deploy(_app(scale=1e38)))
 
 
@@ -250,8 +250,15 @@ def test_write_magnitude_bound_follows_the_dtype():
     check_write_magnitude(half, "abl", None, "f")
     check_write_magnitude(half, "abl", 3.0, "f")
     check_write_magnitude(half, "add", 20.0, "f")
-    with pytest.raises(XmixSpecError, match=r"f: app 'add' op 0 would write values up to .*torch\.float16 holds writes up to 256"):
+    with pytest.raises(XmixSpecError, match=r"f: app 'add' op 0 would write values up to .*torch\.float16, writes up to 256 "):
         check_write_magnitude(half, "add", 1e5, "f")
     with pytest.raises(XmixSpecError, match=r"f: app 'clamp' op 0 would write values up to 1e\+04 \(scale 1, value 10000\)"):
         check_write_magnitude(half, "clamp", None, "f")
     check_write_magnitude(full, "add", 1e5, "f")
+    # the residual stream's next RMSNorm sums squares in float32 over d_model: with d_model 4096
+    # writes stay below sqrt(3.4e38 / 4096) / 16 ~ 1.8e16 even where bf16 / float32 hold far more
+    wide = NS(additional_config=dep, model_config=NS(dtype=torch.bfloat16, hf_config=NS(hidden_size=4096)))
+    check_write_magnitude(wide, "add", 1e15 / float(np.abs(unit_rms(2)).max()), "f")
+    with pytest.raises(XmixSpecError, match=r"f: app 'add' op 0 .*writes up to 1\.8e\+16 stay finite here \(the "
+                                            r"next RMSNorm's float32 sum of squares included\)"):
+        check_write_magnitude(wide, "add", 1e30, "f")

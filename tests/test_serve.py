@@ -150,7 +150,11 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
                               (None, {"mi_app": ["happy"]}, "mi_app: unknown request field"),
                               (None, {"miapps": ["happy"], "stream": True}, "miapps: unknown request field"),
                               (None, {"extra_body": {"mi_apps": ["happy"]}}, "extra_body: is the OpenAI Python"),
-                              ({"xmix": ["happy"]}, {"mi_apps": ["sad"]}, "give the selection once")):
+                              ({"xmix": ["happy"]}, {"mi_apps": ["sad"]}, "give the selection once"),
+                              (None, {"mi_apps": 5}, "mi_apps: expected a list of apps, got int"),
+                              (None, {"mi_apps": {}}, "mi_apps: expected a list of apps (or its wire form"),
+                              # 0.5 x 1e30 fits float32, but not the next RMSNorm's sum of squares
+                              (None, {"mi_apps": [{"name": "happy", "scale": 1e30}]}, "stay finite here")):
         status, resp = complete(url, model, PROMPTS[0], xargs, **extra)
         assert status == 400, (xargs, extra, status, resp)
         assert msg in json.dumps(resp), (msg, resp)
@@ -227,6 +231,11 @@ def test_streamed_chunks_carry_each_tokens_read_values(server, hf):
     vals = [v for c in chunks for v in c["choices"][0].get("mi_results", {}).get("probe", {}).get("probe", {}).get("values", [])]
     final = chunks[-1]["choices"][0]["mi_results_complete"]["probe"]["probe"]
     assert vals and vals == final
+    # chat's opening chunk names the role and carries no token, so no values; the first token's
+    # chunk carries the prompt's
+    assert "mi_results" not in chunks[0]["choices"][0], chunks[0]
+    first = next(c["choices"][0] for c in chunks if c["choices"][0].get("delta", {}).get("content"))
+    assert first["mi_results"]["probe"]["probe"]["pos0"] == 0
 
 
 def test_read_results_come_back_over_http(server, hf):

@@ -20,12 +20,36 @@ Exit status: 0, or 2 with a message naming what was wrong.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import re
 import sys
 import tempfile
 
 from .spec import CONFIG_KEY, XmixSpecError, parse_deployment
+
+
+def _yaml_load(f):
+    """YAML (or JSON) with numbers such as ``1e3`` read as floats, as in JSON (YAML 1.1, which
+    PyYAML follows, needs ``1.0e+3``). Raises ValueError for text that does not parse."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                      |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                      |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                      |[-+]?\.(?:inf|Inf|INF)
+                      |\.(?:nan|NaN|NAN))$""", re.X),
+        list("-+0123456789."))
+    try:
+        return yaml.load(f, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        raise ValueError(str(e)) from None
 
 
 def load_deployment_file(path: str) -> dict:
@@ -35,14 +59,12 @@ def load_deployment_file(path: str) -> dict:
     Raises:
         XmixSpecError: the file is missing, not YAML/JSON, or not a valid deployment (the
         message names the file and the field)."""
-    import yaml
-
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f)
+            raw = _yaml_load(f)
     except OSError as e:
         raise XmixSpecError(f"{path}: cannot read the deployment file ({e.strerror})") from None
-    except yaml.YAMLError as e:
+    except ValueError as e:  # yaml.YAMLError is not one; _yaml_load turns it into one
         raise XmixSpecError(f"{path}: not YAML or JSON ({e})") from None
     if isinstance(raw, dict) and set(raw) == {CONFIG_KEY}:
         raw = raw[CONFIG_KEY]
@@ -77,6 +99,8 @@ def _validate(path: str, model: str) -> str:
 
     dep_dict = load_deployment_file(path)
     dep = parse_deployment(dep_dict)
+    if not os.path.isdir(model):
+        raise XmixSpecError(f"--model {model}: no such model folder (a folder with the model's config.json)")
     try:
         cfg = AutoConfig.from_pretrained(model)
     except Exception as e:
@@ -113,6 +137,7 @@ def _serve(model: str, apps: str, rest: list[str]) -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="vllm-xmix-", delete=False) as f:
         json.dump({"additional-config": {CONFIG_KEY: dep}}, f)  # (JSON is YAML)
         cfg_path = f.name
+    atexit.register(lambda: os.path.exists(cfg_path) and os.unlink(cfg_path))
     print(f"vllm-xmix: serving {model} with {len(dep.get('apps', []))} apps from {apps} "
           f"(vLLM --config {cfg_path})", flush=True)
     import runpy

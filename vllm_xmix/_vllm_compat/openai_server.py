@@ -90,6 +90,8 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
     if not choices:
         return chunk
     c = choices[0]
+    if (c.get("delta") or {}).get("role") is not None and c.get("finish_reason") is None:
+        return chunk  # chat's opening chunk names the role and carries no token: values come with the tokens
     d = deltas.setdefault(c.get("index", 0), StreamDelta())
     c["mi_results"] = d.take(view._acc, view._upto)
     if c.get("finish_reason") is not None:

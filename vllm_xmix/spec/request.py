@@ -22,7 +22,8 @@ def _coerce_request_list(raw: Any, field: str) -> list[Any]:
         raw = _json(raw, field)
     if isinstance(raw, dict):
         if "apps" not in raw or set(raw) - {"apps"}:
-            raise XmixSpecError(f"{field}: expected {{'apps': [...]}}, got keys {sorted(raw)}")
+            raise XmixSpecError(f"{field}: expected a list of apps (or its wire form {{'apps': [...]}}), got a "
+                                f"mapping with keys {sorted(raw)}")
         raw = raw["apps"]
     if isinstance(raw, (str, dict)) or not isinstance(raw, (list, tuple)):
         raise XmixSpecError(f"{field}: expected a list of apps, got {type(raw).__name__}")

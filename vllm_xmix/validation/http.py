@@ -26,11 +26,12 @@ def _looks_like_selection(key: str) -> bool:
         k in ("apps", "mi_app", "xmix_apps")
 
 
-def take_body_selection(request) -> tuple[str | None, str]:
+def take_body_selection(request) -> tuple[str | None, str, object]:
     """Move a request's top-level ``mi_apps`` field into ``vllm_xargs["xmix"]`` (as JSON text,
     the form the engine reads), so one path serves both spellings. Returns (the error message
     for a body that looks like a selection but is not one, or gives it twice, else None; the
-    name errors about the selection use: ``mi_apps`` or ``vllm_xargs.xmix``).
+    name errors about the selection use, ``mi_apps`` or ``vllm_xargs.xmix``; the selection as
+    the client sent it, checked as such).
     Known fields of vLLM's request models are never looked at (only ``model_extra``)."""
     extra = getattr(request, "model_extra", None)
     extra = extra if isinstance(extra, dict) else {}
@@ -40,23 +41,23 @@ def take_body_selection(request) -> tuple[str | None, str]:
             continue
         if key == "extra_body":
             return ("extra_body: is the OpenAI Python client's argument, not a request field; send its "
-                    f"contents as top-level fields (e.g. {{\"{BODY_FIELD}\": [...]}})"), ""
+                    f"contents as top-level fields (e.g. {{\"{BODY_FIELD}\": [...]}})"), "", None
         if _looks_like_selection(key):
             return (f"{key}: unknown request field; apps are selected with \"{BODY_FIELD}\" "
-                    f"(or vllm_xargs.{CONFIG_KEY})"), ""
+                    f"(or vllm_xargs.{CONFIG_KEY})"), "", None
     for key in xargs:
         if key != CONFIG_KEY and _looks_like_selection(key):
             return (f"vllm_xargs.{key}: unknown key; apps are selected with vllm_xargs.{CONFIG_KEY} "
-                    f"or a top-level \"{BODY_FIELD}\" field"), ""
+                    f"or a top-level \"{BODY_FIELD}\" field"), "", None
     if BODY_FIELD in extra:
         if CONFIG_KEY in xargs:
-            return f"{BODY_FIELD} and vllm_xargs.{CONFIG_KEY} both select apps: give the selection once", ""
+            return f"{BODY_FIELD} and vllm_xargs.{CONFIG_KEY} both select apps: give the selection once", "", None
         sel = extra.pop(BODY_FIELD)
         if sel is None:
-            return None, BODY_FIELD
+            return None, BODY_FIELD, None
         request.vllm_xargs = {**xargs, CONFIG_KEY: json.dumps(sel)}
-        return None, BODY_FIELD
-    return None, f"vllm_xargs.{CONFIG_KEY}"
+        return None, BODY_FIELD, sel
+    return None, f"vllm_xargs.{CONFIG_KEY}", xargs.get(CONFIG_KEY)
 
 
 def _n_prompts(prompt) -> int:
@@ -70,7 +71,7 @@ def http_precheck(serving, request, n_prompts: int = 1) -> str | None:
     a bad selection is an HTTP 400 also for streaming requests, whose status is sent before the
     engine sees the request; a top-level ``mi_apps`` is moved into ``vllm_xargs`` first,
     :func:`take_body_selection`). Returns the error message or None."""
-    err, field = take_body_selection(request)
+    err, field, sent = take_body_selection(request)
     if err is not None:
         return err
     xargs = getattr(request, "vllm_xargs", None) or {}
@@ -80,8 +81,7 @@ def http_precheck(serving, request, n_prompts: int = 1) -> str | None:
     try:
         if vllm_config is None:
             return None  # the engine checks it when the request is added
-        wire, _ = validate_selection(vllm_config, xargs[CONFIG_KEY], getattr(request, "n", 1) or 1,
-                                     field=field)
+        wire, _ = validate_selection(vllm_config, sent, getattr(request, "n", 1) or 1, field=field)
         if not wire or not wire["apps"]:
             return None
         if getattr(request, "use_beam_search", False):

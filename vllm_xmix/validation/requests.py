@@ -23,10 +23,13 @@ _DEP_CACHE: dict[int, tuple] = {}
 
 def _deployment_info(vllm_config):
     """(deployment or None, {app name: content hash}, {app name: [(op index, deployed scale,
-    size)]}, write limit), parsed, hashed and measured once per engine config: per write op the
+    size)]}, write limits), parsed, hashed and measured once per engine config: per write op the
     size a scale multiplies (max |finite vector entry| of an add / router bias; for a projection
-    see :func:`check_write_magnitude`), and the largest write the model's dtype holds with
-    headroom (``finfo(dtype).max / 256``).
+    see :func:`check_write_magnitude`), and the largest writes that stay finite with headroom:
+    ``(residual stream, router logits)``. Router logits: ``finfo(dtype).max / 256``. The residual
+    stream also goes through the next RMSNorm, whose float32 sum of squares over d_model
+    overflows long before bf16 / float32 values do: at most ``sqrt(finfo(float32).max /
+    d_model) / 16`` there (about 1.8e16 for d_model 4096).
 
     Hashing an app serialises its vectors (milliseconds for d_model 4096): never per request."""
     key = id(vllm_config)
@@ -54,8 +57,12 @@ def _deployment_info(vllm_config):
             sizes.setdefault(app.name, []).append((oi, float(op.scale), size))
     dtype = getattr(vllm_config.model_config, "dtype", None)
     limit = float(torch.finfo(dtype if isinstance(dtype, torch.dtype) else torch.float32).max) / 256
-    _DEP_CACHE[key] = (vllm_config, dep, hashes, sizes, limit)
-    return dep, hashes, sizes, limit
+    hf = getattr(vllm_config.model_config, "hf_config", None)
+    d_model = int(getattr(text_config(hf), "hidden_size", 1) or 1) if hf is not None else 1
+    stream = min(limit, float(np.sqrt(float(torch.finfo(torch.float32).max) / d_model)) / 16)
+    limits = (stream, limit)
+    _DEP_CACHE[key] = (vllm_config, dep, hashes, sizes, limits)
+    return dep, hashes, sizes, limits
 
 
 def _deployment_of(vllm_config):
@@ -71,10 +78,12 @@ def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field
 
     Raises:
         XmixSpecError: naming the field, the size and the dtype's limit."""
-    dep, _, sizes, limit = _deployment_info(vllm_config)
+    dep, _, sizes, (stream_limit, logit_limit) = _deployment_info(vllm_config)
     for oi, deployed, size in sizes.get(app_name, ()):
         c = deployed if scale is None else scale
-        if dep.app(app_name).ops[oi].kind in ("ablate", "clamp"):
+        kind = dep.app(app_name).ops[oi].kind
+        limit = logit_limit if kind == "router_bias" else stream_limit
+        if kind in ("ablate", "clamp"):
             big = abs(1.0 - c) * PROJ_SPAN + abs(c) * size
         else:
             big = abs(c) * size
@@ -83,8 +92,10 @@ def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field
             raise XmixSpecError(
                 f"{field}: app {app_name!r} op {oi} would write values up to {big:.3g} (scale {c:g}"
                 + (f", value {size:g}" if dep.app(app_name).ops[oi].kind == "clamp" else "") + "); "
-                f"the model's dtype {dtype} holds writes up to {limit:.3g} here: larger ones overflow to "
-                "inf/NaN, which would reach other requests through reused KV-cache blocks")
+                f"with the model's dtype {dtype}, writes up to {limit:.3g} stay finite here"
+                + ("" if kind == "router_bias" else " (the next RMSNorm's float32 sum of squares included)")
+                + ": larger ones overflow to inf/NaN, which would reach other requests through reused "
+                "KV-cache blocks")
 
 
 def validate_request(vllm_config, params):
