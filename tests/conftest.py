@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import tempfile
@@ -214,3 +215,41 @@ def steer_llm(request, tiny_llama):
     llm.mode = request.param
     yield llm
     close_llm(llm)
+
+
+@contextlib.contextmanager
+def running_server(args: list[str], log):
+    """A vLLM OpenAI server started as ``python <args> --port P --host 127.0.0.1`` (its output
+    in ``log``, a path), yielding its URL once ``/health`` answers; stopped on exit."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    cmd = [sys.executable] + args + ["--port", str(port), "--host", "127.0.0.1"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{' '.join(args[:3])} exited:\n" + open(log).read()[-4000:])
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except Exception:
+                time.sleep(1)
+        else:
+            raise RuntimeError(f"{' '.join(args[:3])} did not come up:\n" + open(log).read()[-4000:])
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 import tomllib
 import urllib.request
 
 import numpy as np
-from conftest import HAPPY_LAYERS, HAPPY_SCALE, PROMPTS, V_HAPPY, app_deltas
+from conftest import HAPPY_LAYERS, HAPPY_SCALE, PROMPTS, V_HAPPY, app_deltas, running_server
 
 from vllm_xmix import cli
 
@@ -68,31 +65,11 @@ def test_apps_validate_checks_against_the_model_config(tiny_llama, tmp_path, cap
 def test_serve_with_a_deployment_file(tiny_llama, tmp_path, hf):
     """`vllm-xmix serve MODEL --apps FILE` starts vLLM's OpenAI server with the file's apps; a
     request selects them with a top-level mi_apps field and gets HF's steered tokens."""
-    import socket
-
     path = write_deployment(tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     log = tmp_path / "server.log"
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    cmd = [sys.executable, "-m", "vllm_xmix.cli", "serve", tiny_llama, "--apps", path, "--port", str(port),
-           "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
-           "--max-num-seqs", "4"]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise AssertionError("vllm-xmix serve exited:\n" + log.read_text()[-4000:])
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except Exception:
-                time.sleep(1)
-        else:
-            raise AssertionError("vllm-xmix serve did not come up:\n" + log.read_text()[-4000:])
+    args = ["-m", "vllm_xmix.cli", "serve", tiny_llama, "--apps", path, "--dtype", "float32", "--max-model-len", "256",
+            "--enforce-eager", "--max-num-seqs", "4"]
+    with running_server(args, log) as url:
         for sel in (None, ["happy"]):
             body = {"model": tiny_llama, "prompt": PROMPTS[0], "max_tokens": N, "temperature": 0,
                     "ignore_eos": True, "return_token_ids": True, **({"mi_apps": sel} if sel else {})}
@@ -103,9 +80,3 @@ def test_serve_with_a_deployment_file(tiny_llama, tmp_path, hf):
             want = hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}] if sel else []))
             assert list(resp["choices"][0]["token_ids"]) == want, sel
         assert "vllm-xmix: serving" in log.read_text()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()

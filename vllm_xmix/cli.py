@@ -93,9 +93,8 @@ def _validate(path: str, model: str) -> str:
     """Check the deployment file against ``model``'s config; returns the report text."""
     from transformers import AutoConfig
 
-    from .adapters import SUPPORTED_ARCHITECTURES
-    from .hf_config import n_experts, text_config
-    from .spec import validate_deployment
+    from .hf_config import text_config
+    from .validation.engine import validate_for_model
 
     dep_dict = load_deployment_file(path)
     dep = parse_deployment(dep_dict)
@@ -106,21 +105,11 @@ def _validate(path: str, model: str) -> str:
     except Exception as e:
         raise XmixSpecError(f"--model {model}: cannot read its config.json ({type(e).__name__}: {e})") from None
     archs = list(getattr(cfg, "architectures", None) or [])
-    adapter = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    if dep.apps and adapter is None:
-        raise XmixSpecError(f"--model {model}: architecture {archs} is not supported by vllm-xmix "
-                            f"(supported: {sorted(SUPPORTED_ARCHITECTURES)})")
-    for ai, app in enumerate(dep.apps):
-        for oi, op in enumerate(app.ops):
-            if op.hook not in adapter.hooks:
-                raise XmixSpecError(f"{path}: apps.{ai}({app.name}).ops.{oi}.hook: {op.hook!r} is not available on "
-                                    f"{archs[0]} (available: {', '.join(adapter.hooks)})")
-    text = text_config(cfg)
     try:
-        validate_deployment(dep, text.num_hidden_layers, text.hidden_size, n_experts(text),
-                            getattr(text, "vocab_size", None))
+        validate_for_model(dep, archs, cfg)
     except XmixSpecError as e:
-        raise XmixSpecError(f"{path}: {_in_file(e)}") from None
+        raise XmixSpecError(f"{path} for --model {model}: {_in_file(e)}") from None
+    text = text_config(cfg)
     lines = [f"{path}: valid for {model} ({archs[0] if archs else '?'}, {text.num_hidden_layers} layers, "
              f"d_model {text.hidden_size}); fused_writes={dep.fused_writes}"]
     for app in dep.apps:

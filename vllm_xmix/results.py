@@ -163,31 +163,45 @@ class StreamDelta:
     values of the non-streaming response."""
 
     def __init__(self) -> None:
-        self._sent: dict[tuple, int] = {}
+        self._sent: dict[tuple, int] = {}  # (app, name, layer) -> next position to send
+        self._seen: dict[tuple, int] = {}  # (app, name, layer) -> chunks of it already looked at
 
     def take(self, acc: ReadResults | None, upto: int | None = None) -> dict:
         """The values new since the last call, of the first ``upto`` chunks of ``acc`` (the
-        output being streamed: chunks of later outputs may already be there)."""
+        output being streamed: chunks of later outputs may already be there). Looks at each
+        chunk once, so a stream costs time linear in its length."""
         out: dict = {}
         if acc is None:
             return out
-        layers: dict[tuple[str, str], set] = {}
-        items = list(acc.parts(upto=upto))
-        for (app, name, layer), _, _, _ in items:
-            layers.setdefault((app, name), set()).add(layer)
-        for (app, name, layer), positions, start, arr in items:
-            key = (app, name, layer)
-            sent = self._sent.get(key, 0)
-            n = len(arr)
-            while n > sent and np.isnan(arr[n - 1]).all():  # (not yet arrived)
-                n -= 1
-            if n <= sent:
+        if acc._raw:
+            acc._parse()
+        layers: dict[tuple[str, str], int] = {}
+        for app, name, _ in acc._parts:
+            layers[(app, name)] = layers.get((app, name), 0) + 1
+        P = acc.n_prompt
+        for key, (positions, width, chunks) in acc._parts.items():
+            i = self._seen.get(key, 0)
+            j = i
+            while j < len(chunks) and (upto is None or chunks[j][0] < upto):
+                j += 1
+            if j == i:
                 continue
-            new = arr[sent:n]
-            self._sent[key] = n
-            entry = {"pos0": start + sent, "values": _json_values(new[:, 0] if positions == "probe" else new)}
+            self._seen[key] = j
+            start = 0 if positions in ("all", "probe") else P - 1
+            sent = self._sent.get(key, start)
+            end = P if positions == "last" else max(p0 + len(v) for _, p0, v in chunks[i:j])
+            if end <= sent:
+                continue  # (recomputed positions, already sent)
+            new = np.full((end - sent, width), np.nan, dtype=np.float32)
+            for _, p0, v in chunks[i:j]:
+                lo, hi = max(p0, sent), min(p0 + len(v), end)
+                if hi > lo:
+                    new[lo - sent:hi - sent] = v[lo - p0:hi - p0]
+            self._sent[key] = end
+            app, name, layer = key
+            entry = {"pos0": sent, "values": _json_values(new[:, 0] if positions == "probe" else new)}
             slot = out.setdefault(app, {})
-            if len(layers[(app, name)]) == 1:
+            if layers[(app, name)] == 1:
                 slot[name] = entry
             else:
                 slot.setdefault(name, {})[str(layer)] = entry

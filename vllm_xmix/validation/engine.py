@@ -24,30 +24,14 @@ def validate_engine_config(vllm_config) -> None:
     Raises:
         ValueError (XmixSpecError): bad spec, unsupported architecture or feature.
     """
-    from ..adapters import SUPPORTED_ARCHITECTURES
-
     add = vllm_config.additional_config
     if not isinstance(add, dict) or CONFIG_KEY not in add:
         return
     dep = parse_deployment(add[CONFIG_KEY])
     mc = vllm_config.model_config
     archs = list(getattr(mc, "architectures", None) or getattr(mc.hf_config, "architectures", []) or [])
-    if dep.apps and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        raise XmixSpecError(
-            f"additional_config.xmix: architecture {archs} is not supported by vllm-xmix "
-            f"(supported: {sorted(SUPPORTED_ARCHITECTURES)})"
-        )
-    adapter = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    for ai, app in enumerate(dep.apps):
-        for oi, op in enumerate(app.ops):
-            if adapter is not None and op.hook not in adapter.hooks:
-                raise XmixSpecError(
-                    f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}.hook: {op.hook!r} is not "
-                    f"available on {archs[0]} (available: {', '.join(adapter.hooks)})"
-                )
+    validate_for_model(dep, archs, mc.hf_config)
     text = text_config(mc.hf_config)
-    validate_deployment(dep, text.num_hidden_layers, text.hidden_size, n_experts(text),
-                        getattr(text, "vocab_size", None))
 
     for ai, app in enumerate(dep.apps):
         check_write_magnitude(vllm_config, app.name, None, f"additional_config.xmix.apps.{ai}({app.name}).scale")
@@ -116,6 +100,33 @@ def resolve_fused_writes(vllm_config) -> tuple[str, str]:
     if on:
         return "none", f"compile passes {on} match the norms"
     return "norm", "unquantized, one rank, no compile pass matches the norms"
+
+
+def validate_for_model(dep, archs: list[str], hf_config) -> None:
+    """The checks of a parsed deployment against a model alone (no engine): its architecture
+    ``archs`` has an adapter, every op's hook is one the adapter provides, and layers, vector
+    widths and token ids fit ``hf_config`` (``spec.validate_deployment``).
+
+    Raises:
+        XmixSpecError: naming the field (``additional_config.xmix...``)."""
+    from ..adapters import SUPPORTED_ARCHITECTURES
+
+    if dep.apps and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise XmixSpecError(
+            f"additional_config.xmix: architecture {archs} is not supported by vllm-xmix "
+            f"(supported: {sorted(SUPPORTED_ARCHITECTURES)})"
+        )
+    adapter = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    for ai, app in enumerate(dep.apps):
+        for oi, op in enumerate(app.ops):
+            if adapter is not None and op.hook not in adapter.hooks:
+                raise XmixSpecError(
+                    f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}.hook: {op.hook!r} is not "
+                    f"available on {archs[0]} (available: {', '.join(adapter.hooks)})"
+                )
+    text = text_config(hf_config)
+    validate_deployment(dep, text.num_hidden_layers, text.hidden_size, n_experts(text),
+                        getattr(text, "vocab_size", None))
 
 
 def envs_plugins_exclude_xmix() -> bool:
