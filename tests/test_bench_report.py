@@ -113,7 +113,7 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     # a serve folder's results.json: vanilla and inactive in 3 rounds, ratios paired by round
     runs = []
     for rnd, (van, ina) in enumerate(((5.0, 5.05), (5.2, 5.2), (5.1, 5.0)), start=1):
-        for cfg, itl in (("vanilla", van), ("inactive", ina)):
+        for cfg, itl in (("vanilla", van), ("aa_plain", van), ("inactive", ina)):
             runs.append({"rate": "16", "round": rnd, "config": cfg, "title": "llama31_8b, 400 prompts",
                          "commit": "c3", "date": "2026-12-03",
                          "result": {"mean_itl_ms": itl, "p99_itl_ms": 2 * itl, "mean_ttft_ms": 30.0,
@@ -125,6 +125,7 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     e = json.loads(open(lp).read())["models"][MODEL]["serve"]["inactive"]["rate=16"]
     assert e["mean_itl"] == {"ratio": 1.0, "min": round(5.0 / 5.1, 5), "max": 1.01, "n": 3}
     assert (e["commit"], e["date"]) == ("c3", "2026-12-03")
+    assert "aa_plain" not in json.loads(open(lp).read())["models"][MODEL]["serve"]  # calibration, no budget line
     assert "3 interleaved rounds" in e["workload"]
     assert e["throughput"]["ratio"] == 1.0 and "rate=inf" in json.loads(open(lp).read())["models"][MODEL][
         "serve"]["inactive"]  # the saturation entry stays
@@ -141,3 +142,7 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     # the A/A calibration: the second server (plain vLLM again, or the plugin with nothing deployed) alone
     assert serve.configs_for([], "plain") == {"vanilla": ("vanilla", None), "aa_plain": ("xmix", None)}
     assert serve.configs_for([], "empty") == {"vanilla": ("vanilla", None), "aa_empty": ("xmix", None)}
+    # --control: a third server (plain vLLM) measured right after vanilla in every round
+    assert list(serve.configs_for(["steer_all"], control=True))[:3] == ["vanilla", "aa_plain", "inactive"]
+    assert serve.configs_for(["steer_all"], control=True)["aa_plain"] == ("control", None)
+    assert "aa_plain" not in serve.configs_for(["steer_all"])

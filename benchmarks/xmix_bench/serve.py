@@ -34,6 +34,9 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   ``start --second plain`` / ``empty`` calibrate the A/B itself (A/A): the second server is
   vLLM without the plugin again, or with the plugin and nothing deployed, and the one
   configuration ``aa_plain`` / ``aa_empty`` measures what the pair's offset is without apps.
+  ``start --control`` keeps the normal pair and adds a third server, plain vLLM again
+  (configuration ``aa_plain``, run right after vanilla in every round): each round then carries
+  its own A/A line (give each server ``--gpu-mem`` 0.3). A/A lines are not written to latest.json.
 * ``stop``: stops the two servers (SIGTERM to their process groups, then SIGKILL).
 * ``all``: start, rounds, stop in one process (the servers are stopped on exit and on SIGTERM).
 * ``summarize``: rebuilds summary.md / overhead.png from results.json.
@@ -101,6 +104,9 @@ def _server_options(q) -> None:
                    help="the second server: xmix (the benchmark deployment); for an A/A calibration of the "
                         "A/B itself, plain (vLLM without the plugin again: configuration aa_plain) or empty "
                         "(the plugin loaded, nothing deployed: aa_empty)")
+    q.add_argument("--control", action="store_true",
+                   help="also start a third server, vLLM without the plugin again (configuration aa_plain, "
+                        "port + 2), so that every round measures the pair's own offset beside the apps")
     q.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
     q.add_argument("--start-timeout", type=float, default=900, help="seconds each server may take to answer")
     q.add_argument("--profiler", action="store_true",
@@ -192,13 +198,17 @@ def build_sharegpt(path: str, n: int, vocab: int, seed: int = 0, output_len: int
     common.write_json(path, convs, indent=None)
 
 
-def configs_for(app_names: list[str], second: str = "xmix") -> dict[str, tuple[str, object]]:
+def configs_for(app_names: list[str], second: str = "xmix", control: bool = False) -> dict[str, tuple[str, object]]:
     """name -> (server, the requests' vllm_xargs["xmix"], "K<k>" for k distinct configs, or None).
     ``second`` (``start --second``): ``plain`` / ``empty``: the A/A calibration's one
-    configuration, ``aa_plain`` / ``aa_empty``, the second server with no selection."""
+    configuration, ``aa_plain`` / ``aa_empty``, the second server with no selection.
+    ``control`` (``start --control``): ``aa_plain`` on the third server, right after vanilla."""
     if second != "xmix":
         return {"vanilla": ("vanilla", None), f"aa_{second}": ("xmix", None)}
-    out = {"vanilla": ("vanilla", None), "inactive": ("xmix", None)}
+    out = {"vanilla": ("vanilla", None)}
+    if control:
+        out["aa_plain"] = ("control", None)
+    out["inactive"] = ("xmix", None)
     for n in app_names:
         out[n] = ("xmix", [n])
     for k in K_CONFIGS:  # steer_all with k different per-request scales; k=1 is "steer_all"
@@ -373,6 +383,11 @@ def start(args, profiler: bool | None = None) -> dict:
     second_env = dict(os.environ, VLLM_PLUGINS="") if args.second == "plain" else dict(os.environ)
     plans = (("vanilla", args.port, server_args + prof_args.get("vanilla", []), dict(os.environ, VLLM_PLUGINS="")),
              ("xmix", args.port + 1, server_args + second_args + prof_args.get("xmix", []), second_env))
+    if args.control:
+        if args.second != "xmix":
+            raise SystemExit("--control: only with --second xmix (the A/A pair already is one)")
+        plans += (("control", args.port + 2, server_args, dict(os.environ, VLLM_PLUGINS="")),)
+    st["control"] = bool(args.control)
     launched = []
     try:
         for name, port, sargs, env in plans:
@@ -451,7 +466,7 @@ def rounds(args) -> int:
     servers = {n: Server.from_record(r) for n, r in st["servers"].items()}
     for s in servers.values():
         s.wait(args.wait)
-    configs = configs_for(st["apps"], st.get("second", "xmix"))
+    configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False))
     profiled = [c for c in args.profile.split(",") if c]
     unknown = sorted({*args.configs.split(","), *profiled} - set(configs) - {""})
     if unknown:
@@ -559,8 +574,8 @@ def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setu
         if rates is not None and rate not in rates:
             continue
         for cfg, stats in common.serve_ratios(by_config).items():
-            if configs is not None and cfg not in configs:
-                continue
+            if (configs is not None and cfg not in configs) or cfg.startswith("aa_"):
+                continue  # an A/A line calibrates the pair; it is no budget line
             rounds_ = [by_config[cfg][i] for i in sorted(by_config[cfg])]
             n = stats.pop("rounds")
             workload = f"{title or group_title}, rate {rate}, " + ("1 round" if n == 1 else f"{n} interleaved rounds")
