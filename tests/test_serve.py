@@ -24,7 +24,9 @@ def server_deployment() -> dict:
     dep = deployment()
     p = MIApp("probe")
     p.read("linear_probe", weight=W, bias=0.5).layers([2]).submodule("hook_resid_post")
-    dep["xmix"]["apps"] += deploy(p)["xmix"]["apps"]
+    g = MIApp("guard")  # a stop trigger that fires at the first position (position 0)
+    g.read("linear_probe", weight=W).layers([1]).submodule("hook_resid_post").on("<", 1e9, action="stop")
+    dep["xmix"]["apps"] += deploy(p, g)["xmix"]["apps"]
     return dep
 
 
@@ -204,6 +206,37 @@ def test_streamed_chunks_carry_each_tokens_read_values(server, hf):
     assert "mi_results" not in chunks[0]["choices"][0], chunks[0]
     first = next(c["choices"][0] for c in chunks if c["choices"][0].get("delta", {}).get("content"))
     assert first["mi_results"]["probe"]["probe"]["pos0"] == 0
+
+
+def test_probe_stop_ends_requests_over_http(server, hf):
+    """A ``stop`` trigger (exact positions are checked against HF in test_triggers.py): the
+    response says ``finish_reason`` "stop" with ``stop_reason`` naming the app and read, and
+    ``mi_results`` has the record; streamed, the last chunk does; the server serves on."""
+    url, model = server
+    p = PROMPTS[1]
+    want = hf.greedy(p, 1)
+    status, resp = complete(url, model, p, mi_apps=["guard"])
+    assert status == 200, resp
+    ch = resp["choices"][0]
+    assert (ch["finish_reason"], ch["stop_reason"], tokens(resp)) == ("stop", "xmix:guard.probe", want)
+    rec = resp["mi_results"]["guard"]["triggers"]
+    assert [(r["read"], r["layer"], r["action"], r["position"]) for r in rec] == [("probe", 1, "stop", 0)]
+    body = {"model": model, "prompt": p, "max_tokens": N, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "mi_apps": ["guard"]}
+    chunks = [c for c in stream_chunks(url, "/v1/completions", body) if c.get("choices")]
+    last = chunks[-1]["choices"][0]
+    assert (last["finish_reason"], last["stop_reason"]) == ("stop", "xmix:guard.probe")
+    assert last["mi_results_complete"]["guard"]["triggers"] == rec
+    assert [r for c in chunks for r in c["choices"][0].get("mi_results", {}).get("guard", {}).get("triggers", [])] == rec
+    chat = {"model": model, "messages": [{"role": "user", "content": "The cat"}], "max_tokens": N,
+            "temperature": 0, "ignore_eos": True, "mi_apps": ["guard"]}
+    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(chat).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        cr = json.loads(r.read())
+    assert (cr["choices"][0]["finish_reason"], cr["choices"][0]["stop_reason"]) == ("stop", "xmix:guard.probe")
+    status, resp = complete(url, model, p)  # without the app: the full length
+    assert status == 200 and len(tokens(resp)) == N and resp["choices"][0]["finish_reason"] == "length"
 
 
 def test_read_results_come_back_over_http(server, hf):

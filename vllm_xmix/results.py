@@ -18,6 +18,11 @@ last generated token is never fed back).
   row ``j`` = position ``P - 1 + j`` (the state that predicted generated token ``j``);
   ``"last"``: ``[width]`` at position ``P - 1`` (the last prompt token);
 
+* ``triggers`` (apps with a read that has a trigger, ``read(...).on(...)``): a list, in position
+  order, of ``{"read", "layer", "action", "position", "value"}``: each triggered read entry's
+  first position whose value crossed its threshold (empty if none did). A ``stop`` trigger's
+  request ended there (``stop_reason`` ``"xmix:<app>.<read>"``).
+
 ``width`` is ``d_model`` (``n_experts`` at ``mlp.hook_router_logits``). When a read covers
 several layers in the request, ``mi_results[app][name]`` is ``{layer: array}`` instead. Before
 the request finishes (streaming) the arrays cover the positions processed so far.
@@ -46,6 +51,21 @@ class ReadResults:
         self._raw: list = []  # chunk lists received, not yet parsed
         self._parsed = 0  # chunks parsed into _parts
         self.n_chunks = 0
+        self.triggers: dict | None = None  # {"apps": [...], "events": [(app, name, layer, action, pos, value)]}
+
+    def add_triggers(self, record: dict) -> None:
+        """The engine core's trigger record of this request (the latest replaces the earlier)."""
+        self.triggers = record
+
+    def trigger_records(self) -> dict[str, list[dict]]:
+        """``{app: [{"read", "layer", "action", "position", "value"}, ...]}`` (see the module docstring)."""
+        if not self.triggers:
+            return {}
+        out: dict[str, list[dict]] = {app: [] for app in self.triggers.get("apps", [])}
+        for app, name, layer, action, pos, value in self.triggers.get("events", []):
+            out.setdefault(app, []).append({"read": name, "layer": int(layer), "action": action,
+                                            "position": int(pos), "value": float(value)})
+        return out
 
     def add(self, chunks) -> None:
         """Keep one output's chunks (see ``ReadTransport.reads_of``), in arrival order."""
@@ -112,6 +132,8 @@ class ReadResults:
             for name, by_layer in reads.items():
                 if len(by_layer) == 1:
                     reads[name] = next(iter(by_layer.values()))
+        for app, records in self.trigger_records().items():
+            out.setdefault(app, {})["triggers"] = records
         return out
 
 
@@ -145,7 +167,8 @@ def to_json(results: dict) -> dict:
         a = np.asarray(v, dtype=np.float64)
         return a.tolist() if np.isfinite(a).all() else clean(a.tolist())
 
-    return {app: {name: conv(v) for name, v in reads.items()} for app, reads in results.items()}
+    return {app: {name: (v if name == "triggers" else conv(v)) for name, v in reads.items()}
+            for app, reads in results.items()}
 
 
 
@@ -165,6 +188,7 @@ class StreamDelta:
     def __init__(self) -> None:
         self._sent: dict[tuple, int] = {}  # (app, name, layer) -> next position to send
         self._seen: dict[tuple, int] = {}  # (app, name, layer) -> chunks of it already looked at
+        self._triggers_sent: dict[str, int] = {}  # app -> trigger records already sent
 
     def take(self, acc: ReadResults | None, upto: int | None = None) -> dict:
         """The values new since the last call, of the first ``upto`` chunks of ``acc`` (the
@@ -205,6 +229,11 @@ class StreamDelta:
                 slot[name] = entry
             else:
                 slot.setdefault(name, {})[str(layer)] = entry
+        for app, records in acc.trigger_records().items():  # records fired since the last chunk
+            new = records[self._triggers_sent.get(app, 0):]
+            if new:
+                self._triggers_sent[app] = len(records)
+                out.setdefault(app, {})["triggers"] = new
         return out
 
 

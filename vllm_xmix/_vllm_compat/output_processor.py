@@ -9,6 +9,7 @@ import functools
 
 from ..spec import CONFIG_KEY
 from .core import mark
+from .scheduler import TRIGGERS_KEY
 
 
 def patch_output_processor() -> None:
@@ -31,13 +32,17 @@ def patch_output_processor() -> None:
         def make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
                                 kv_transfer_params=None, *args, **kwargs):
             acc = self.__dict__.get("_xmix_reads")
-            if kv_transfer_params and CONFIG_KEY in kv_transfer_params:
+            if kv_transfer_params and (CONFIG_KEY in kv_transfer_params or TRIGGERS_KEY in kv_transfer_params):
                 if acc is None:
                     n_prompt = (len(self.prompt_token_ids) if self.prompt_token_ids is not None
                                 else len(self.prompt_embeds))
                     acc = self.__dict__["_xmix_reads"] = ReadResults(n_prompt)
-                acc.add(kv_transfer_params[CONFIG_KEY])
-                kv_transfer_params = {k: v for k, v in kv_transfer_params.items() if k != CONFIG_KEY} or None
+                if CONFIG_KEY in kv_transfer_params:
+                    acc.add(kv_transfer_params[CONFIG_KEY])
+                if TRIGGERS_KEY in kv_transfer_params:
+                    acc.add_triggers(kv_transfer_params[TRIGGERS_KEY])
+                kv_transfer_params = {k: v for k, v in kv_transfer_params.items()
+                                      if k not in (CONFIG_KEY, TRIGGERS_KEY)} or None
             n_gen = None
             if acc is not None and finish_reason is not None:
                 det = getattr(self, "detokenizer", None)

@@ -1,6 +1,8 @@
 """Scheduler: ``Scheduler.update_from_output`` is wrapped so that read values, which arrive
 with each step's ``ModelRunnerOutput``, are kept per request until the request's next
-``EngineCoreOutput`` and travel in its ``kv_transfer_params["xmix"]`` to the front end."""
+``EngineCoreOutput`` and travel in its ``kv_transfer_params["xmix"]`` to the front end; and
+the scheduler's ``check_stop`` so that a probe's ``stop`` trigger ends a request where vLLM's
+own stop checks do (``runtime.triggers``)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,13 @@ import functools
 
 from vllm.sampling_params import RequestOutputKind
 
+from ..runtime.triggers import TriggerTable, stop_reason
 from ..spec import CONFIG_KEY
 from .core import mark
+
+#: kv_transfer_params key of a request's trigger records (front end: ``ReadResults.add_triggers``)
+TRIGGERS_KEY = "xmix_triggers"
+_NO_TABLE = object()
 
 _FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 
@@ -27,18 +34,82 @@ def patch_scheduler() -> None:
     here (per request) and go out with the next output, in ``kv_transfer_params["xmix"]``. A
     request whose outputs the front end only uses at the end (``FINAL_ONLY``) keeps its values
     here until its final output: no per-token transport and front-end work for them."""
+    import vllm.v1.core.sched.scheduler as sched_mod
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import RequestStatus
+
+    def wrap_check_stop(orig):
+        @functools.wraps(orig)
+        def check_stop(request, *args, **kwargs):
+            if orig(request, *args, **kwargs):
+                return True
+            reason = request.__dict__.get("_xmix_stop")
+            if reason is None:
+                return False
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = reason
+            return True
+
+        return check_stop
+
+    def triggers_of(self):
+        tt = self.__dict__.get("_xmix_triggers", _NO_TABLE)
+        if tt is _NO_TABLE:
+            tt = self.__dict__["_xmix_triggers"] = TriggerTable.from_vllm_config(self.vllm_config)
+        return tt
+
+    def note_triggers(self, tt, reads) -> None:
+        """Scan this step's values of triggered reads (before the step's tokens are appended):
+        keep each read entry's first crossing on the request; a ``stop`` makes its next
+        ``check_stop`` end it (the token sampled in this step is kept)."""
+        for rid, chunks in reads.items():
+            req = self.requests.get(rid)
+            if req is None or not chunks:
+                continue
+            d = req.__dict__
+            armed = d.setdefault("_xmix_armed", set())
+            armed.update(app for app, name, *_ in chunks if (app, name) in tt.by_read)
+            for ev in tt.scan(chunks):
+                fired = d.setdefault("_xmix_fired", {})
+                key = ev[:3]
+                if key not in fired or ev[4] < fired[key][4]:
+                    fired[key] = ev
+                    d["_xmix_unsent"] = True
+                if ev[3] == "stop" and d.get("_xmix_stop") is None:
+                    d["_xmix_stop"] = stop_reason(ev[0], ev[1])
 
     def wrap(orig):
         @functools.wraps(orig)
         def update_from_output(self, scheduler_output, model_runner_output):
             reads = getattr(model_runner_output, "xmix_reads", None)
             pending = self.__dict__.setdefault("_xmix_pending", {})
+            tt = triggers_of(self)
             if reads:
+                if tt is not None:
+                    note_triggers(self, tt, reads)
                 for rid, chunks in reads.items():
                     if chunks:
                         pending.setdefault(rid, []).extend(chunks)
+            live = {}  # requests with a triggered read (looked up now: a finished one leaves self.requests)
+            if tt is not None:
+                for rid in scheduler_output.num_scheduled_tokens:
+                    req = self.requests.get(rid)
+                    if req is not None and req.__dict__.get("_xmix_armed"):
+                        live[rid] = req
             outs = orig(self, scheduler_output, model_runner_output)
+            if live:
+                for eco in outs.values():
+                    for o in eco.outputs:
+                        req = live.get(o.request_id)
+                        if req is None:
+                            continue
+                        d = req.__dict__
+                        if d.get("_xmix_armed") and (o.finish_reason is not None or d.get("_xmix_unsent")):
+                            if o.finish_reason is not None or not _final_only(req):
+                                d["_xmix_unsent"] = False
+                                o.kv_transfer_params = {**(o.kv_transfer_params or {}), TRIGGERS_KEY: {
+                                    "apps": sorted(d["_xmix_armed"]),
+                                    "events": sorted(d.get("_xmix_fired", {}).values(), key=lambda e: e[4])}}
             if pending:
                 for eco in outs.values():
                     for o in eco.outputs:
@@ -56,3 +127,4 @@ def patch_scheduler() -> None:
         return update_from_output
 
     mark("Scheduler.update_from_output", Scheduler, "update_from_output", wrap)
+    mark("scheduler.check_stop", sched_mod, "check_stop", wrap_check_stop)

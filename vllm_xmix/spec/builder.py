@@ -55,6 +55,17 @@ class _OpBuilder:
         self._set_once("cond", "cond", predicate)
         return self
 
+    def on(self, op: str = ">", threshold: float | None = None, *, action: str = "flag") -> "_OpBuilder":
+        """Act on this read's value (see :class:`Trigger`): ``.on(">", 0.9, action="stop")`` ends
+        the request at the first position whose value is above 0.9; ``action="flag"`` records it
+        in ``mi_results[app]["triggers"]``. Reads only (``linear_probe`` / ``cosine``); once per op."""
+        if self._fields.get("primitive") != "read":
+            raise XmixSpecError(f"{self._app.name}.on: only a read (a probe's value) takes a trigger")
+        if threshold is None:
+            raise XmixSpecError(f"{self._app.name}.on: give a threshold, e.g. .on('>', 0.9, action='stop')")
+        self._set_once("on", "on", {"op": op, "threshold": threshold, "action": action})
+        return self
+
     # allow app-level chaining from an op: MIApp("x").write(...).layers(...).write(...)
     def write(self, *a, **k) -> "_OpBuilder":
         return self._app.write(*a, **k)

@@ -273,6 +273,34 @@ class WriteOp(BaseModel):
         return self
 
 
+class Trigger(BaseModel):
+    """An action on a probe's value, decided per processed token (``read(...).on(op, threshold,
+    action=...)``): the trigger *fires* at the first position ``p`` of a request where ``value[p]
+    <op> threshold`` (the read's returned value: after ``sigmoid`` if set; at any of the read's
+    layers).
+
+    * ``"flag"``: the request's result records it (``mi_results[app]["triggers"]``);
+    * ``"stop"``: also ends the request after the step that computed ``value[p]``, keeping the
+      token that step sampled: ``finish_reason`` ``"stop"``, ``stop_reason`` ``"xmix:<app>.<read>"``.
+      A request whose value crosses at a prompt position ``p < P - 1`` stops at its first
+      generated token; at a generated position (``p >= P - 1``) it has ``p - P + 2`` generated
+      tokens. ``min_tokens`` does not delay it.
+
+    The comparison runs on the values every step already copies to the host (no extra kernel, no
+    synchronisation inside the forward); the scheduler applies the stop when it takes the step's
+    output, in the same place as vLLM's own stop checks. Used by jailbreak / toxicity probes that
+    abort generation (xMIx's first use case)."""
+
+    model_config = ConfigDict(extra="forbid")
+    op: Literal[">", ">=", "<", "<="] = ">"
+    threshold: FiniteFloat
+    action: Literal["stop", "flag"] = "flag"
+
+
+#: read names refused: the key of the trigger records in ``mi_results[app]``
+RESERVED_READ_NAMES = ("triggers",)
+
+
 class ReadOp(BaseModel):
     """One read: ``kind`` evaluated at ``blocks.{L}.{hook}`` for every ``L`` in ``layers``, on
     every token a request with the app on processes; the values come back with the request's
@@ -299,6 +327,8 @@ class ReadOp(BaseModel):
         positions: captures only: ``"all"`` (every processed position), ``"generated"`` (the
             positions whose next-token prediction was a generated token) or ``"last"`` (the last
             prompt token). Probes always return every processed position.
+        on: optional :class:`Trigger` (probes and cosine reads that come back to the user):
+            ``"stop"`` or ``"flag"`` when the value crosses a threshold.
         cond: reserved for conditional ops (not yet supported: rejected).
     """
 
@@ -314,6 +344,7 @@ class ReadOp(BaseModel):
     bias: FiniteFloat = 0.0
     sigmoid: StrictBool = False
     positions: CapturePositions = "all"
+    on: Trigger | None = None
     cond: dict[str, Any] | None = None
 
     @field_validator("hook")
@@ -353,6 +384,12 @@ class ReadOp(BaseModel):
                 self.name = self.buffer
         if not _NAME_RE.match(self.name):
             raise ValueError(f"name: {self.name!r} must match {_NAME_RE.pattern}")
+        if self.name in RESERVED_READ_NAMES:
+            raise ValueError(f"name: {self.name!r} is reserved (mi_results[app][{self.name!r}] holds the trigger "
+                             "records); give the read another name=")
+        if self.on is not None and (self.kind == "capture" or self.buffer is not None):
+            raise ValueError("on: a trigger acts on a probe's value: only a 'linear_probe' or 'cosine' read that "
+                             "comes back to the user (no buffer=) takes one")
         return self
 
     @field_validator("cond")
