@@ -67,8 +67,11 @@ def patch_scheduler() -> None:
             if req is None or not chunks:
                 continue
             d = req.__dict__
-            armed = d.setdefault("_xmix_armed", set())
-            armed.update(app for app, name, *_ in chunks if (app, name) in tt.by_read)
+            apps = {app for app, name, *_ in chunks if (app, name) in tt.by_read}
+            if not apps:
+                continue
+            d.setdefault("_xmix_armed", set()).update(apps)
+            self.__dict__.setdefault("_xmix_armed_ids", set()).add(rid)
             for ev in tt.scan(chunks):
                 fired = d.setdefault("_xmix_fired", {})
                 key = ev[:3]
@@ -90,13 +93,12 @@ def patch_scheduler() -> None:
                 for rid, chunks in reads.items():
                     if chunks:
                         pending.setdefault(rid, []).extend(chunks)
-            live = {}  # requests with a triggered read (looked up now: a finished one leaves self.requests)
-            if tt is not None:
-                for rid in scheduler_output.num_scheduled_tokens:
-                    req = self.requests.get(rid)
-                    if req is not None and req.__dict__.get("_xmix_armed"):
-                        live[rid] = req
+            # requests with a triggered read, looked up now (a finished one leaves self.requests)
+            armed_ids = self.__dict__.get("_xmix_armed_ids")
+            live = {rid: self.requests[rid] for rid in armed_ids if rid in self.requests} if armed_ids else {}
             outs = orig(self, scheduler_output, model_runner_output)
+            if armed_ids:
+                armed_ids.intersection_update(self.requests)  # finished or aborted ones
             if live:
                 for eco in outs.values():
                     for o in eco.outputs:
@@ -104,7 +106,7 @@ def patch_scheduler() -> None:
                         if req is None:
                             continue
                         d = req.__dict__
-                        if d.get("_xmix_armed") and (o.finish_reason is not None or d.get("_xmix_unsent")):
+                        if (o.finish_reason is not None or d.get("_xmix_unsent")):
                             if o.finish_reason is not None or not _final_only(req):
                                 d["_xmix_unsent"] = False
                                 o.kv_transfer_params = {**(o.kv_transfer_params or {}), TRIGGERS_KEY: {
