@@ -146,3 +146,25 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     assert list(serve.configs_for(["steer_all"], control=True))[:3] == ["vanilla", "aa_plain", "inactive"]
     assert serve.configs_for(["steer_all"], control=True)["aa_plain"] == ("control", None)
     assert "aa_plain" not in serve.configs_for(["steer_all"])
+
+
+def test_server_log_yields_the_capture_and_each_graph_variants_cost(tmp_path, caplog):
+    """serve start reads vLLM's capture line and the plugin's per-variant capture lines from a
+    server log; the plugin writes the latter with ``_vllm_compat.graph_capture``'s logger."""
+    import logging
+
+    from vllm_xmix._vllm_compat.graph_capture import _log_variant_costs
+
+    costs = [{"mask": "0x0", "s": 5.2, "graphs": 2278, "gib": 0.412, "pool_gib": 0.031, "driver_gib": 0.381},
+             {"mask": "0x1f", "s": 7.0, "graphs": 2278, "gib": -0.01, "pool_gib": 0.0, "driver_gib": -0.01}]
+    with caplog.at_level(logging.INFO, logger="vllm.xmix"):
+        _log_variant_costs(costs)
+    log = tmp_path / "xmix.log"
+    log.write_text("".join(f"INFO 12-03 10:00:00 [graph_capture.py:1] {r.getMessage()}\n" for r in caplog.records)
+                   + "INFO 12-03 10:00:01 [model_runner.py:748] Graph capturing finished in 49 secs, took 3.43 GiB\n")
+    got = serve.graph_capture(str(log))
+    assert got["graph_s"] == 49.0 and got["graph_gib"] == 3.43
+    assert got["variants"] == costs
+    plain = tmp_path / "vanilla.log"
+    plain.write_text("INFO Graph capturing finished in 6 secs, took 0.98 GiB\n")
+    assert serve.graph_capture(str(plain)) == {"graph_s": 6.0, "graph_gib": 0.98}

@@ -333,6 +333,9 @@ class Server:
 
 
 GRAPH_LINE = re.compile(r"Graph capturing finished in (\d+(?:\.\d+)?) secs, took (\d+(?:\.\d+)?) GiB")
+_F = r"(-?\d+(?:\.\d+)?)"
+VARIANT_LINE = re.compile(rf"graph variant (0x[0-9a-f]+) captured in {_F} s: (\d+) CUDA graphs, {_F} GiB "
+                          rf"\(allocator pool {_F} GiB, driver {_F} GiB\)")
 
 
 def graph_capture(log: str) -> dict:
@@ -343,7 +346,13 @@ def graph_capture(log: str) -> dict:
     except OSError:
         return {}
     m = [x for x in m if x]
-    return {"graph_s": float(m[-1].group(1)), "graph_gib": float(m[-1].group(2))} if m else {}
+    out = {"graph_s": float(m[-1].group(1)), "graph_gib": float(m[-1].group(2))} if m else {}
+    with open(log, errors="replace") as f:  # the plugin's per-variant capture costs, when logged
+        v = [x.groups() for x in map(VARIANT_LINE.search, f) if x]
+    if v:
+        out["variants"] = [{"mask": a, "s": float(b), "graphs": int(c), "gib": float(d), "pool_gib": float(e),
+                            "driver_gib": float(g)} for a, b, c, d, e, g in v]
+    return out
 
 
 def start(args, profiler: bool | None = None) -> dict:

@@ -4,10 +4,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
+import time
 
 from ..runtime import STATE_KEY
 from .core import mark, optional_import
+
+logger = logging.getLogger("vllm.xmix")
 
 
 def _variants_of(vllm_config):
@@ -19,6 +24,40 @@ def _variants_of(vllm_config):
         return None
     v = st.variants
     return v if v.variants_enabled else None
+
+
+@contextlib.contextmanager
+def _variant_cost(mask: int, costs: list):
+    """Measure one graph variant's capture: seconds, CUDA graphs captured (vLLM's
+    ``compilation_counter``), device memory taken (free memory before - after, GiB, as vLLM's
+    "Graph capturing finished" line measures it) and how much of it the caching allocator's
+    reserved pool explains (GiB; the rest is memory the CUDA driver holds for the graphs
+    themselves). Appends a dict to ``costs``."""
+    import torch
+    from vllm.compilation.counter import compilation_counter
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    free0 = torch.cuda.mem_get_info()[0] if cuda else 0
+    res0 = torch.cuda.memory_reserved() if cuda else 0
+    n0, t0 = compilation_counter.num_cudagraph_captured, time.perf_counter()
+    yield
+    if cuda:
+        torch.cuda.synchronize()
+    gib = float(1 << 30)
+    taken = (free0 - torch.cuda.mem_get_info()[0]) / gib if cuda else 0.0
+    pool = (torch.cuda.memory_reserved() - res0) / gib if cuda else 0.0
+    costs.append({"mask": hex(mask), "s": round(time.perf_counter() - t0, 2),
+                  "graphs": compilation_counter.num_cudagraph_captured - n0,
+                  "gib": round(taken, 3), "pool_gib": round(pool, 3), "driver_gib": round(taken - pool, 3)})
+
+
+def _log_variant_costs(costs: list) -> None:
+    for c in costs:
+        logger.info("vllm_xmix: graph variant %s captured in %.1f s: %d CUDA graphs, %.3f GiB "
+                    "(allocator pool %.3f GiB, driver %.3f GiB)", c["mask"], c["s"], c["graphs"], c["gib"],
+                    c["pool_gib"], c["driver_gib"])
 
 
 def patch_graph_variants() -> None:
@@ -108,12 +147,13 @@ def patch_graph_variants() -> None:
             gv = _variants_of(self.vllm_config)
             if gv is None:
                 return orig(self, *args, **kwargs)
-            tables = {}
+            tables, costs = {}, []
             for mask in gv.graph_variants():  # app-free first, every site last
                 self.graphs = {}
-                with gv.capture_variant(mask):
+                with _variant_cost(mask, costs), gv.capture_variant(mask):
                     orig(self, *args, **kwargs)
                 tables[mask] = self.graphs
+            _log_variant_costs(costs)  # what each extra variant costs (time, graphs, memory)
             self._xmix_graphs = tables
             self.graphs = tables[gv.all_mask]
 
