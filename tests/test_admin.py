@@ -287,3 +287,31 @@ def test_refusals_are_4xx_naming_the_field_and_the_server_serves_on(server, hf):
     assert toks == hf.greedy(PROMPTS[1], 8, deltas_of(V_NEW, [1], 2.0))
     toks, _ = complete(url, model, PROMPTS[1], [], 8)
     assert toks == hf.greedy(PROMPTS[1], 8, {})
+
+
+def test_keys_and_reserve_errors_without_a_server(monkeypatch):
+    """The changing routes' key rules (admin key, else vLLM's --api-key, else refused) and the
+    reserve block's errors, naming the field."""
+    from vllm_xmix.spec import XmixSpecError, parse_deployment
+    from vllm_xmix.validation.admin import AdminError, check_key
+
+    monkeypatch.delenv("VLLM_XMIX_ADMIN_KEY", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    with pytest.raises(AdminError, match="needs a key") as e:
+        check_key({"X-Admin-Key": "x"}, None)
+    assert e.value.status == 403
+    check_key({"Authorization": "Bearer api"}, ["api"])  # vLLM's --api-key serves when no admin key is set
+    monkeypatch.setenv("VLLM_XMIX_ADMIN_KEY", "adm")
+    check_key({"Authorization": "Bearer api", "X-Admin-Key": "adm"}, ["api"])
+    for headers, msg in (({"Authorization": "Bearer api"}, "wrong key"), ({}, "missing key")):
+        with pytest.raises(AdminError, match=msg) as e:
+            check_key(headers, ["api"])
+        assert e.value.status == 401
+    for reserve, msg in (({"capture": 1}, "reserve: capture: not reservable"),
+                         ({"add": 0}, "reserve.add: expected an entry count"),
+                         ({"add": {"mlp.hook_router_logits": "all"}}, "reserve.add: mlp.hook_router_logits: adds go"),
+                         ({"versions": -1}, "reserve.versions: expected 0..16")):
+        with pytest.raises(XmixSpecError, match=msg.replace(".", r"\.")):
+            parse_deployment({"apps": [], "reserve": reserve})
+    with pytest.raises(XmixSpecError, match="reserve: with fused_writes 'adds'"):
+        parse_deployment({"apps": [], "fused_writes": "adds", "reserve": {"add": 1}})

@@ -121,6 +121,8 @@ def _validate(path: str, model: str) -> str:
             layers = op.layers if isinstance(op.layers, str) else ",".join(map(str, op.layers))
             cond = " if " + json.dumps(op.cond.model_dump(mode="json", exclude_none=True)) if getattr(op, "cond", None) else ""
             lines.append(f"    {op.primitive} {op.kind} at blocks.{{{layers}}}.{op.hook}{cond}")
+    if dep.reserve is not None:
+        lines.append(f"  reserve: {json.dumps(dep.reserve.model_dump(mode='json', exclude_none=True))}")
     return "\n".join(lines)
 
 

@@ -522,6 +522,16 @@ class Reserve(BaseModel):
     linear_probe: Annotated[Union[int, dict[str, Layers], None], BeforeValidator(_reserve_amount)] = None
     cosine: Annotated[Union[int, dict[str, Layers], None], BeforeValidator(_reserve_amount)] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, v):
+        if isinstance(v, dict):
+            bad = [k for k in v if k not in ("versions",) + RESERVE_KINDS]
+            if bad:
+                raise ValueError(f"{bad[0]}: not reservable; a reserve has 'versions' and entries of the kinds "
+                                 f"{', '.join(RESERVE_KINDS)} (added apps take those)")
+        return v
+
     @field_validator("versions")
     @classmethod
     def _versions(cls, v: int) -> int:
