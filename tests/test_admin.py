@@ -25,7 +25,7 @@ W = unit_rms(71) / 8  # a probe weight
 V2 = unit_rms(72)  # happy's replacement vector
 V_NEW = unit_rms(73)  # the added app's vector
 W_NEW = unit_rms(74) / 8  # the added app's probe
-N_LONG = 160  # tokens of the requests in flight during the replace
+N_LONG = 200  # tokens of the requests in flight during the replace
 
 
 def base_deployment() -> dict:
@@ -280,6 +280,12 @@ def test_refusals_are_4xx_naming_the_field_and_the_server_serves_on(server, hf):
     status, resp = call(url, "/v1/completions", {"model": model, "prompt": PROMPTS[0], "max_tokens": 2,
                                                  "mi_apps": [{"name": "happy", "version": 0}]}, key=None)
     assert status == 400 and "mi_apps[0].version: set by the server" in json.dumps(resp), resp
+    # the front end checks requests against the added app: its layers and its write sizes
+    for sel, msg in (([{"name": "newapp", "layers": [1]}], "mi_apps[0].layers: layer 1 is not a deployed layer"),
+                     ([{"name": "newapp", "scale": 1e30}], "mi_apps[0].scale: app 'newapp' op 0 would write")):
+        status, resp = call(url, "/v1/completions", {"model": model, "prompt": PROMPTS[0], "max_tokens": 2,
+                                                     "mi_apps": sel}, key=None)
+        assert status == 400 and msg in json.dumps(resp), resp
     # the server still serves: the current happy, and the safetensors app
     _, listed = call(url, "/v1/mi/apps", key=None)
     assert {a["name"] for a in listed["data"]} >= {"happy", "probe", "newapp", "st"}
