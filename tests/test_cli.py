@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -17,8 +18,9 @@ from vllm_xmix import cli
 N = 8
 
 
-def write_deployment(folder, layers=HAPPY_LAYERS, vector=V_HAPPY) -> str:
-    """A YAML deployment whose vector is a .npy file next to it (relative path)."""
+def write_deployment(folder, layers=HAPPY_LAYERS, vector=V_HAPPY, reserve: str = "") -> str:
+    """A YAML deployment whose vector is a .npy file next to it (relative path); ``reserve``: a
+    YAML ``reserve:`` block appended."""
     np.save(folder / "happy.npy", vector)
     (folder / "apps.yaml").write_text(
         "apps:\n"
@@ -29,7 +31,8 @@ def write_deployment(folder, layers=HAPPY_LAYERS, vector=V_HAPPY) -> str:
         "        hook: hook_resid_post\n"
         f"        layers: {json.dumps(layers)}\n"
         "        vector: {path: happy.npy}\n"
-        f"        scale: {HAPPY_SCALE:.0e}\n")  # 4e+00: YAML 1.1 reads it as a string, the loader as a float
+        f"        scale: {HAPPY_SCALE:.0e}\n"  # 4e+00: YAML 1.1 reads it as a string, the loader as a float
+        + reserve)
     return str(folder / "apps.yaml")
 
 
@@ -64,12 +67,32 @@ def test_apps_validate_checks_against_the_model_config(tiny_llama, tmp_path, cap
 
 def test_serve_with_a_deployment_file(tiny_llama, tmp_path, hf):
     """`vllm-xmix serve MODEL --apps FILE` starts vLLM's OpenAI server with the file's apps; a
-    request selects them with a top-level mi_apps field and gets HF's steered tokens."""
-    path = write_deployment(tmp_path)
+    request selects them with a top-level mi_apps field and gets HF's steered tokens. The file's
+    reserve block and --admin-key: an app added with the key runs, a wrong key is refused."""
+    path = write_deployment(tmp_path, reserve="reserve:\n  add: {hook_resid_post: [3]}\n")
+    assert cli.main(["apps", "validate", path, "--model", tiny_llama]) == 0
     log = tmp_path / "server.log"
     args = ["-m", "vllm_xmix.cli", "serve", tiny_llama, "--apps", path, "--dtype", "float32", "--max-model-len", "256",
-            "--enforce-eager", "--max-num-seqs", "4"]
+            "--enforce-eager", "--max-num-seqs", "4", "--admin-key", "k1"]
     with running_server(args, log) as url:
+        v = [float(x) for x in V_HAPPY[::-1]]
+        new = {"name": "late", "ops": [{"kind": "add", "hook": "hook_resid_post", "layers": [3], "vector": v}]}
+        for key, status in (("wrong", 401), ("k1", 201)):
+            req = urllib.request.Request(url + "/v1/mi/apps", data=json.dumps(new).encode(),
+                                         headers={"Content-Type": "application/json", "X-Admin-Key": key})
+            try:
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    got = r.status
+            except urllib.error.HTTPError as e:
+                got = e.code
+            assert got == status, key
+        body = {"model": tiny_llama, "prompt": PROMPTS[0], "max_tokens": N, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True, "mi_apps": ["late"]}
+        req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            toks = list(json.loads(r.read())["choices"][0]["token_ids"])
+        assert toks == hf.greedy(PROMPTS[0], N, {3: np.asarray(v, np.float32)})
         for sel in (None, ["happy"]):
             body = {"model": tiny_llama, "prompt": PROMPTS[0], "max_tokens": N, "temperature": 0,
                     "ignore_eos": True, "return_token_ids": True, **({"mi_apps": sel} if sel else {})}

@@ -457,3 +457,59 @@ def test_auto_fused_writes_keeps_vllm_norm_fusions():
     mode, why = resolve_fused_writes(cfg(fuse_norm_quant=True))
     assert mode == "none" and "fuse_norm_quant" in why
     assert resolve_fused_writes(cfg(fuse_allreduce_rms=True))[0] == "none"
+
+
+def cast_state():
+    """A CAST app (request-scope cosine at layer 1, conditional add at 2-3) with one spare version,
+    and a reserved probe per hooked site."""
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.runtime import XmixState
+    from vllm_xmix.spec import parse_deployment
+
+    c = MIApp("cast")
+    c.read("cosine", weight=unit_rms(3), buffer="harm", scope="request").layers([1])
+    c.write("add", vector=unit_rms(4), scale=2.0).layers([2, 3]).cond(buffer="harm", op=">", threshold=0.2)
+    dep = deploy(c)["xmix"]
+    dep["reserve"] = {"versions": 1, "linear_probe": 1}
+    return c, XmixState.build(parse_deployment(dep), 4, 64, torch.device("cpu"), 64, 5, max_model_len=64)
+
+
+def test_replaced_cast_threshold_goes_into_the_spare_copy_with_its_own_condition_read():
+    c, st = cast_state()
+    lay = st.layout
+    orig, spare = lay.copies["cast"]
+    app = c.to_spec().model_dump(mode="json")
+    app["ops"][1]["cond"]["threshold"] = 0.5
+    app["ops"][1]["scale"] = 3.0
+    app["ops"][1]["vector"] = [float(x) for x in unit_rms(5)]
+    assert st.updates.apply({"action": "replace", "name": "cast", "version": 1, "app": app, "live": []})["ok"]
+    assert lay.version_entries[("cast", 1)] == spare and lay.version_entries[("cast", 0)] == orig
+    thr = lay.conditions.cond_args["cond_thr"]
+    read0, read1 = orig[0], spare[0]
+    for e0, e1 in zip(orig[1:], spare[1:]):  # the conditional writes
+        assert lay.entries[e0].cthr == pytest.approx(0.2) and float(thr[e0]) == pytest.approx(0.2)
+        assert lay.entries[e1].cthr == pytest.approx(0.5) and float(thr[e1]) == pytest.approx(0.5)
+        assert lay.conditions.cond_host[e1][4] == pytest.approx(0.5)
+        # each copy's writes read their own copy's request-scope condition value
+        assert lay.entries[e0].cidx == lay.entries[read0].req_k != lay.entries[e1].cidx == lay.entries[read1].req_k
+        np.testing.assert_array_equal(lay.vectors[e1].numpy(), unit_rms(5))
+        np.testing.assert_array_equal(lay.vectors[e0].numpy(), unit_rms(4))
+    row1 = st.slots.request_row({"xmix": {"apps": [{"name": "cast", "version": 1}]}})
+    row0 = st.slots.request_row({"xmix": {"apps": [{"name": "cast"}]}})
+    assert set(np.flatnonzero(row1)) == set(spare) and set(np.flatnonzero(row0)) == set(orig)
+    assert row1[spare[1]] == 3.0 and row0[orig[1]] == 2.0
+    # version 0 still used by a request in flight: no free copy for version 2 (the structure has
+    # a condition, so no reserved entries either): 507; once it is done, its copy is reused
+    r = st.updates.apply({"action": "replace", "name": "cast", "version": 2, "app": app, "live": [["cast", 0]]})
+    assert not r["ok"] and r["status"] == 507 and "copies of app 'cast'" in r["error"], r
+    r = st.updates.apply({"action": "replace", "name": "cast", "version": 2, "app": app, "live": []})
+    assert r["ok"] and lay.version_entries[("cast", 2)] == orig and ("cast", 0) not in lay.version_entries
+    # a replace that changes the structure is refused; an add of a probe takes a reserved entry
+    bad = {**app, "ops": [app["ops"][0], {**app["ops"][1], "layers": [3]}]}
+    r = st.updates.apply({"action": "replace", "name": "cast", "version": 3, "app": bad, "live": []})
+    assert not r["ok"] and r["status"] == 400 and "must keep its ops" in r["error"]
+    probe = {"name": "p", "ops": [{"primitive": "read", "kind": "linear_probe", "layers": [1],
+                                   "weight": [1.0] * 64}]}
+    r = st.updates.apply({"action": "add", "name": "p", "version": 1, "app": probe, "live": []})
+    assert r["ok"] and lay.version_entries[("p", 1)] == lay.pool[(1, "hook_resid_post", "linear_probe")]
+    assert lay.read_info[lay.version_entries[("p", 1)][0]][4:] == ("p", "probe", 1)

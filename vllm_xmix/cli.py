@@ -7,13 +7,16 @@ against a model, run the demo.
   ``--config`` YAML file, so vectors stay files (an inline 4096-wide vector would overflow the
   OS's argument limit); vector paths relative to the deployment file are resolved against its
   folder. Works with the CPU wheel too (whose ``vllm`` command fails before parsing).
+  ``--admin-key KEY`` guards the routes that change apps on the running server
+  (``POST /v1/mi/apps``, ``POST /v1/mi/apps/{name}``; default: vLLM's ``--api-key``); the
+  deployment's ``reserve:`` block sizes what they can add.
 * ``vllm-xmix apps validate apps.yaml --model MODEL``: the checks of engine start that need no
   engine (the architecture and its hook points, layers, vector widths and files, token ids) against
   ``MODEL``'s ``config.json``; prints the apps, their ops and hook sites and content hashes.
 * ``vllm-xmix demo [demo options]``: the shipped model's demo (``python -m vllm_xmix.demo``).
 
 A deployment file is YAML or JSON: the ``additional_config["xmix"]`` dict (``apps``,
-``fused_writes``), optionally under a top-level ``xmix`` key, as ``vllm_xmix.deploy`` writes it.
+``fused_writes``, ``reserve``), optionally under a top-level ``xmix`` key, as ``vllm_xmix.deploy`` writes it.
 Exit status: 0, or 2 with a message naming what was wrong.
 """
 
@@ -118,11 +121,17 @@ def _validate(path: str, model: str) -> str:
             layers = op.layers if isinstance(op.layers, str) else ",".join(map(str, op.layers))
             cond = " if " + json.dumps(op.cond.model_dump(mode="json", exclude_none=True)) if getattr(op, "cond", None) else ""
             lines.append(f"    {op.primitive} {op.kind} at blocks.{{{layers}}}.{op.hook}{cond}")
+    if dep.reserve is not None:
+        lines.append(f"  reserve: {json.dumps(dep.reserve.model_dump(mode='json', exclude_none=True))}")
     return "\n".join(lines)
 
 
-def _serve(model: str, apps: str, rest: list[str]) -> int:
+def _serve(model: str, apps: str, rest: list[str], admin_key: str | None = None) -> int:
     dep = load_deployment_file(apps)
+    if admin_key:  # the server reads it from its environment (never an argument in the logs)
+        from .validation.admin import ADMIN_KEY_ENV
+
+        os.environ[ADMIN_KEY_ENV] = admin_key
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="vllm-xmix-", delete=False) as f:
         json.dump({"additional-config": {CONFIG_KEY: dep}}, f)  # (JSON is YAML)
         cfg_path = f.name
@@ -145,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                        description="vllm-xmix serve MODEL --apps FILE [vLLM serve arguments]")
     s.add_argument("model")
     s.add_argument("--apps", required=True, metavar="FILE", help="deployment file (YAML/JSON)")
+    s.add_argument("--admin-key", metavar="KEY", default=None,
+                   help="key of the routes that change apps on the running server (POST /v1/mi/apps...), sent "
+                        "as 'X-Admin-Key: KEY' or 'Authorization: Bearer KEY'; default: vLLM's --api-key "
+                        "(also from the environment variable VLLM_XMIX_ADMIN_KEY)")
     a = sub.add_parser("apps", help="deployment files")
     asub = a.add_subparsers(dest="apps_cmd", required=True, metavar="ACTION")
     v = asub.add_parser("validate", help="check a deployment file against a model's config, without an engine")
@@ -156,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if args.cmd == "serve":
-            return _serve(args.model, args.apps, rest)
+            return _serve(args.model, args.apps, rest, args.admin_key)
         if args.cmd == "apps":
             print(_validate(args.file, args.model))
             return 0

@@ -19,6 +19,10 @@ component it patches. Each patch wraps the original (kept as ``__wrapped__``), i
   ``RequestOutput.mi_results``;
 * :mod:`.openai_server` -- ``create_completion`` / ``create_chat_completion``: bad selections are
   an HTTP 400 before the response starts;
+* :mod:`.api_server` -- ``register_vllm_serve_api_routers``: the ``/v1/mi/apps`` routes (list, replace, add apps on a
+  running server);
+* :mod:`.worker` -- ``WorkerBase.xmix_admin``: an app change applied on each worker, reached
+  through ``collective_rpc``;
 * :mod:`.args_log` -- the logger of ``log_non_default_args``: a deployment's inline vectors are
   shortened in the start-up line.
 
@@ -34,6 +38,7 @@ from .engine_args import patch_refusal as _patch_refusal
 
 def apply_patches() -> list[str]:
     """Apply every patch (idempotent); returns the names of what is patched."""
+    from .api_server import patch_api_server
     from .args_log import patch_args_log
     from .engine_args import patch_engine_args
     from .graph_capture import patch_graph_variants
@@ -43,6 +48,7 @@ def apply_patches() -> list[str]:
     from .openai_server import patch_openai_server
     from .output_processor import patch_output_processor
     from .scheduler import patch_scheduler
+    from .worker import patch_worker
 
     patch_engine_args()
     patch_input_processor()
@@ -53,6 +59,8 @@ def apply_patches() -> list[str]:
     patch_scheduler()
     patch_output_processor()
     patch_openai_server()
+    patch_api_server()
+    patch_worker()
     patch_args_log()
     return list(_PATCHED)
 

@@ -57,3 +57,12 @@ def optional_import(module: str, *names: str) -> tuple | None:
     except Exception as e:
         logger.debug("vllm_xmix: %s not importable here (%s)", module, e)
         return None
+
+
+def add_method(name: str, target, attr: str, func) -> None:
+    """Give ``target`` a new method ``attr`` (one vLLM does not define) unless it has one."""
+    if hasattr(target, attr):
+        return
+    func.__xmix_patched__ = True
+    setattr(target, attr, func)
+    _PATCHED.append(name)

@@ -1,7 +1,10 @@
 """Output processor (front end): ``RequestState.make_request_output`` is wrapped so that the
 read values of a request are assembled per position (:mod:`vllm_xmix.results`) and set as
 ``RequestOutput.mi_results``; the final values also go into the response's
-``kv_transfer_params["xmix_results"]`` (JSON), which the OpenAI server returns."""
+``kv_transfer_params["xmix_results"]`` (JSON), which the OpenAI server returns.
+``OutputProcessor.add_request`` is wrapped so that each request's state remembers the app
+versions it runs (:func:`live_versions`: which versions requests in flight still use, so an app
+change on a running server never reuses their entries)."""
 
 from __future__ import annotations
 
@@ -12,9 +15,38 @@ from .core import mark
 from .scheduler import TRIGGERS_KEY
 
 
+_VERSIONS_ATTR = "_xmix_versions"
+
+
+def live_versions(output_processor) -> list[list]:
+    """``[app, version]`` of every app version (0: the deployment's own) that an unfinished request of
+    this front end runs (its state lives from when it is added until its final output or abort)."""
+    out = set()
+    for st in list(output_processor.request_states.values()):
+        out.update(st.__dict__.get(_VERSIONS_ATTR, ()))
+    return [list(x) for x in sorted(out)]
+
+
 def patch_output_processor() -> None:
     from vllm.outputs import RequestOutput
-    from vllm.v1.engine.output_processor import RequestState
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestState
+
+    def wrap_add(orig):
+        @functools.wraps(orig)
+        def add_request(self, request, *args, **kwargs):
+            out = orig(self, request, *args, **kwargs)
+            sp = getattr(request, "sampling_params", None)
+            sel = (getattr(sp, "extra_args", None) or {}).get(CONFIG_KEY) if sp is not None else None
+            st = self.request_states.get(request.request_id)
+            if isinstance(sel, dict) and st is not None:
+                vs = tuple((a["name"], a.get("version", 0)) for a in sel.get("apps", ()))
+                if vs:
+                    st.__dict__[_VERSIONS_ATTR] = vs
+            return out
+
+        return add_request
+
+    mark("OutputProcessor.add_request", OutputProcessor, "add_request", wrap_add)
 
     from ..results import ReadResults, to_json
 

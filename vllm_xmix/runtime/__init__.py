@@ -8,6 +8,7 @@
 * :mod:`.step` -- the per-step fill of the token tables from the scheduler's batch;
 * :mod:`.variants` -- run masks, CUDA-graph variants and the site plans the hook ops apply;
 * :mod:`.reads` -- the read values' way from the device to the host, per request;
+* :mod:`.updates` -- app versions replaced or added on a running server, in reserved entries;
 * :mod:`.state` -- :class:`XmixState`, the façade that holds them for one model instance.
 
 Nothing here imports vLLM internals; the model-runner patches in ``vllm_xmix._vllm_compat``
@@ -18,10 +19,11 @@ from .layout import MAX_READ_BUFFER_BYTES, RUNTIME_ID, DeviceLayout, Entry, buff
 from .slots import NULL_SLOT
 from .state import STATE_KEY, XmixState, engine_limits, get_or_create_state, get_state_from_config
 from .step import RING
+from .updates import AppUpdates, app_structure, pool_kind
 from .variants import SitePlan, graph_variant_settings
 
 __all__ = [
     "MAX_READ_BUFFER_BYTES", "NULL_SLOT", "RUNTIME_ID", "RING", "STATE_KEY", "DeviceLayout", "Entry", "SitePlan", "XmixState",
     "buffer_bytes", "check_buffer_bytes", "engine_limits", "fused_id", "get_or_create_state",
-    "get_state_from_config", "graph_variant_settings",
+    "get_state_from_config", "graph_variant_settings", "AppUpdates", "app_structure", "pool_kind",
 ]

@@ -44,7 +44,7 @@ MODULE_BUFFERS = ("tok_fc", "vectors")
 #: identity of what the lowering and the hooks put into the compiled graph, stamped into the
 #: deployment (part of vLLM's config hash, hence of the torch.compile cache key): bump it with any
 #: change to that
-RUNTIME_ID = "vllm-xmix 0.5.0"
+RUNTIME_ID = "vllm-xmix 0.6.0"
 #: largest total of the buffers that grow with the engine's limits (see :func:`buffer_bytes`);
 #: captures of many layers at ``max_num_batched_tokens`` rows are the usual way to hit it
 MAX_READ_BUFFER_BYTES = 4 << 30
@@ -83,6 +83,62 @@ class Entry:
         return self.kind in (PROBE, CAPTURE, COSINE)
 
 
+#: the app name of reserved entries until an added app takes them (not a valid app name)
+RESERVE_APP = "<reserve>"
+
+
+def lower_op(op, field: str, d_model: int, n_experts: int | None, width: int) -> tuple[int, np.ndarray]:
+    """An op's kernel kind (``kernels.row_write.ADD`` / ``PROJ``, ``kernels.read_rows.PROBE`` /
+    ``CAPTURE`` / ``COSINE``) and its row of the ``vectors`` table: float32 ``[width]``, unit
+    length where the semantics uses a direction (ablate, clamp, cosine), zero-padded (router
+    biases fill the first ``n_experts`` columns).
+
+    Raises:
+        XmixSpecError: a vector that does not load or fit (naming ``field``)."""
+    v = load_op_vector(op, field, d_model, n_experts)
+    if op.primitive == "read":
+        kind = {"linear_probe": PROBE, "capture": CAPTURE, "cosine": COSINE}[op.kind]
+        if kind == COSINE:
+            v = (v / np.linalg.norm(v.astype(np.float64))).astype(np.float32)
+    elif op.kind in ("add", "router_bias"):
+        kind = ADD
+    else:
+        kind = PROJ
+        v = (v / np.linalg.norm(v.astype(np.float64))).astype(np.float32)  # a unit direction
+    if v.shape[0] < width:
+        v = np.concatenate([v, np.zeros(width - v.shape[0], np.float32)])
+    return kind, v
+
+
+def reserved_sites(dep: DeploymentConfig, n_layers: int, hooked: set) -> list[tuple[tuple[int, str], str]]:
+    """The reserved entries of ``dep.reserve`` (:class:`..spec.model.Reserve`): one
+    ``((layer, hook), kind)`` per entry, in a fixed order. ``hooked``: the sites of the deployed
+    apps; an int amount places that many entries at each of them and at every site a
+    ``{hook: layers}`` amount names (adds only at residual-stream hooks).
+
+    Raises:
+        XmixSpecError: a layer out of range (naming ``additional_config.xmix.reserve.<kind>``)."""
+    res = dep.reserve
+    if res is None:
+        return []
+    named = []
+    sites = set(hooked)
+    for kind, amt in res.kinds().items():
+        if isinstance(amt, dict):
+            for hook, layers in amt.items():
+                for L in resolve_layers(layers, n_layers, f"additional_config.xmix.reserve.{kind}.{hook}"):
+                    named.append(((L, hook), kind))
+                    sites.add((L, hook))
+    out = list(named)
+    for kind, amt in res.kinds().items():
+        if isinstance(amt, int):
+            for site in sorted(sites):
+                if kind == "add" and site[1] not in RESIDUAL_HOOKS:
+                    continue
+                out.extend([(site, kind)] * amt)
+    return out
+
+
 def fused_id(spec: tuple) -> int:
     """A process-independent fingerprint (1 .. 2**31) of a site's fused writes ``(entry, kind,
     value, column)``: the compiled graph passes it to the op, which checks it against the
@@ -95,7 +151,14 @@ def fused_id(spec: tuple) -> int:
 class DeviceLayout:
     """Sites, entries and device tables of one deployment on one model instance (see the module
     docstring). Read-only after :meth:`build`, but for the per-step contents of ``tok_slot``,
-    ``coef``, ``tok_fc`` and ``out``.
+    ``coef``, ``tok_fc`` and ``out``, and the parameters of the entries that apps changed on a
+    running server take (:mod:`.updates`: rows of ``vectors``, ``values``, ``flags`` and the
+    condition thresholds, written in place: the tables keep their shapes and addresses).
+
+    ``copies[app]``: the entries of each copy of a deployed app (copy 0 the deployed one, then
+    ``reserve.versions`` spares); ``pool[(layer, hook, kind)]``: reserved entries for added apps;
+    ``version_entries[(app, version)]``: the entries a request of that app version runs;
+    ``owner[entry]``: the ``(app, version)`` holding an entry, None for a free one.
 
     ``sites``: ``(layer, hook) -> site index`` (sorted); ``site_names[site]``: its
     TransformerLens name ``blocks.{L}.{hook}``; ``site_entries_host[site]`` /
@@ -114,53 +177,64 @@ class DeviceLayout:
             XmixSpecError: a vector that does not load or fit, layers out of range, or buffers
             larger than :data:`MAX_READ_BUFFER_BYTES`."""
         lay = cls()
-        lay.deployment, lay.n_layers, lay.d_model = deployment, n_layers, d_model
+        lay.deployment, lay.n_layers, lay.d_model, lay.n_experts = deployment, n_layers, d_model, n_experts
         lay.device, lay.max_tokens, lay.max_slots = torch.device(device), max_tokens, max_slots
         lay.entries: list[Entry] = []
-        width = max(d_model, n_experts or 0)
+        width = lay.width = max(d_model, n_experts or 0)
         vecs = []
         per_site: dict[tuple[int, str], list[int]] = {}
         n_cols = 0
         n_req = 0
-        buffers: dict[tuple[str, str], int] = {}  # (app, buffer) -> entry of its condition read
-        conds: list = []  # (write entry, app, Cond)
+        buffers: dict[tuple, int] = {}  # ((app, copy), buffer) -> entry of its condition read
+        conds: list = []  # (write entry, (app, copy), Cond)
+        reserve = deployment.reserve
+        n_copies = 1 + (reserve.versions if reserve is not None else 0)
+        lay.copies: dict[str, list[list[int]]] = {}  # app -> its copies' entries (copy 0: the deployed one)
         for ai, app in enumerate(deployment.apps):
+            lowered = []  # per op: (kernel kind, vector padded to the table width, layers)
             for oi, op in enumerate(app.ops):
                 f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}"
-                v = load_op_vector(op, f, d_model, n_experts)
-                if v.shape[0] < width:  # router biases live in the first n_experts columns
-                    v = np.concatenate([v, np.zeros(width - v.shape[0], np.float32)])
-                read = op.primitive == "read"
-                if read:
-                    kind = {"linear_probe": PROBE, "capture": CAPTURE, "cosine": COSINE}[op.kind]
-                    if kind == COSINE:
-                        v = (v / np.linalg.norm(v.astype(np.float64))).astype(np.float32)
-                elif op.kind in ("add", "router_bias"):
-                    kind = ADD
-                else:
-                    kind = PROJ
-                    v = (v / np.linalg.norm(v.astype(np.float64))).astype(np.float32)  # a unit direction
-                for L in resolve_layers(op.layers, n_layers, f + ".layers"):
-                    per_site.setdefault((L, op.hook), []).append(len(lay.entries))
-                    if read:
-                        w = hook_width(op.hook, d_model, n_experts, f)
-                        ncol = w if kind == CAPTURE else 1
-                        req_k = -1
-                        if op.buffer is not None:
-                            buffers[(app.name, op.buffer)] = len(lay.entries)
-                            if op.scope == "request":
-                                req_k = n_req
-                                n_req += 1
-                        lay.entries.append(Entry(app.name, oi, L, op.hook, 1.0, kind, float(op.bias), name=op.name,
-                                                 col=n_cols, width=ncol, sigmoid=op.sigmoid,
-                                                 positions=op.positions, returned=op.buffer is None, req_k=req_k))
-                        n_cols += ncol
-                    else:
-                        e = Entry(app.name, oi, L, op.hook, op.scale, kind, float(op.value or 0.0))
-                        if op.cond is not None:
-                            conds.append((len(lay.entries), app.name, op.cond))
-                        lay.entries.append(e)
-                    vecs.append(v)
+                kind, v = lower_op(op, f, d_model, n_experts, width)
+                lowered.append((kind, v, resolve_layers(op.layers, n_layers, f + ".layers")))
+            copies = lay.copies[app.name] = []
+            for k in range(n_copies):  # spare copies: adjacent at each site, so a version keeps the app's order
+                first = len(lay.entries)
+                for oi, (op, (kind, v, layers)) in enumerate(zip(app.ops, lowered)):
+                    read = op.primitive == "read"
+                    for L in layers:
+                        per_site.setdefault((L, op.hook), []).append(len(lay.entries))
+                        if read:
+                            w = hook_width(op.hook, d_model, n_experts, "read")
+                            ncol = w if kind == CAPTURE else 1
+                            req_k = -1
+                            if op.buffer is not None:
+                                buffers[((app.name, k), op.buffer)] = len(lay.entries)
+                                if op.scope == "request":
+                                    req_k = n_req
+                                    n_req += 1
+                            lay.entries.append(Entry(app.name, oi, L, op.hook, 1.0, kind, float(op.bias), name=op.name,
+                                                     col=n_cols, width=ncol, sigmoid=op.sigmoid,
+                                                     positions=op.positions, returned=op.buffer is None, req_k=req_k))
+                            n_cols += ncol
+                        else:
+                            e = Entry(app.name, oi, L, op.hook, op.scale, kind, float(op.value or 0.0))
+                            if op.cond is not None:
+                                conds.append((len(lay.entries), (app.name, k), op.cond))
+                            lay.entries.append(e)
+                        vecs.append(v)
+                copies.append(list(range(first, len(lay.entries))))
+        # reserved entries for apps added on a running server: after every deployed entry of a site
+        lay.pool: dict[tuple[int, str, str], list[int]] = {}
+        for (L, hook), kind in reserved_sites(deployment, n_layers, set(per_site)):
+            per_site.setdefault((L, hook), []).append(len(lay.entries))
+            lay.pool.setdefault((L, hook, kind), []).append(len(lay.entries))
+            if kind == "add":
+                lay.entries.append(Entry(RESERVE_APP, -1, L, hook, 0.0, ADD))
+            else:
+                lay.entries.append(Entry(RESERVE_APP, -1, L, hook, 1.0, PROBE if kind == "linear_probe" else COSINE,
+                                         name=kind, col=n_cols, width=1))
+                n_cols += 1
+            vecs.append(np.zeros(width, np.float32))
         check_buffer_bytes(deployment, n_layers, d_model, n_experts, max_tokens, max_slots, max_model_len)
         lay.sites: dict[tuple[int, str], int] = {key: i for i, key in enumerate(sorted(per_site))}
         dev = lay.device
@@ -192,9 +266,17 @@ class DeviceLayout:
         lay.site_has_cond = lay.conditions.site_has_cond
         lay._split_fused()
         lay.site_names = {sid: f"blocks.{L}.{h}" for (L, h), sid in lay.sites.items()}
+        # entries by the app they were built for (graph variants: an app's copies share its
+        # variant, reserved entries are one more "app", RESERVE_APP); which entries a request
+        # runs is ``version_entries[(app, version)]`` (runtime.updates changes it at run time)
         lay.app_entries: dict[str, list[int]] = {}
         for e_idx, e in enumerate(lay.entries):
             lay.app_entries.setdefault(e.app, []).append(e_idx)
+        lay.version_entries: dict[tuple[str, int], list[int]] = {(a, 0): c[0] for a, c in lay.copies.items()}
+        lay.owner: list[tuple[str, int] | None] = [None] * len(lay.entries)
+        for key, idxs in lay.version_entries.items():
+            for e_idx in idxs:
+                lay.owner[e_idx] = key
         # per read entry, what ReadTransport.reads_of needs, as plain Python values (no attribute
         # lookups per step)
         lay.read_info = {i: (e.positions, e.col, e.width, "probe" if e.kind in (PROBE, COSINE) else e.positions,
@@ -286,16 +368,21 @@ def buffer_bytes(dep: DeploymentConfig, n_layers: int, d_model: int, n_experts: 
     per-token fused coefficients (``max_tokens`` x unconditional residual-stream writes, an upper
     bound; float32)."""
     cols, token_cond, req_bufs, fusible = 0, False, 0, 0
+    copies = 1 + (dep.reserve.versions if dep.reserve is not None else 0)  # spare versions (Reserve)
+    hooked = set()
     for ai, app in enumerate(dep.apps):
         for op in app.ops:
-            nl = len(resolve_layers(op.layers, n_layers, f"apps.{ai}.layers"))
+            layers = resolve_layers(op.layers, n_layers, f"apps.{ai}.layers")
+            hooked.update((L, op.hook) for L in layers)
+            nl = len(layers)
             if op.primitive == "read":
-                cols += nl * (hook_width(op.hook, d_model, n_experts, "read") if op.kind == "capture" else 1)
-                req_bufs += int(op.buffer is not None and op.scope == "request")
+                cols += copies * nl * (hook_width(op.hook, d_model, n_experts, "read") if op.kind == "capture" else 1)
+                req_bufs += copies * int(op.buffer is not None and op.scope == "request")
             elif op.cond is not None and op.cond.buffer is None:
                 token_cond = True
             elif op.cond is None and op.hook in RESIDUAL_HOOKS and dep.fused_writes in ("adds", "all"):
                 fusible += nl
+    cols += sum(1 for _, kind in reserved_sites(dep, n_layers, hooked) if kind != "add")  # reserved probes
     return {"read buffer": cols * max_tokens * 4,
             "token history": (max_slots * max_model_len * 4) if token_cond else 0,
             "request-scope condition values": req_bufs * max_slots * max_model_len * 4,

@@ -86,10 +86,12 @@ class SlotRegistry:
         lay = self.layout
         row = np.zeros(lay.coef.shape[1], dtype=np.float32)
         for ra in apps:
-            if ra.name not in lay.app_entries:
-                raise XmixSpecError(f"extra_args.xmix: unknown app {ra.name!r}")
+            idxs = lay.version_entries.get((ra.name, ra.version or 0))
+            if idxs is None:
+                raise XmixSpecError(f"extra_args.xmix: unknown app {ra.name!r}"
+                                    + (f" version {ra.version}" if ra.version else ""))
             layers = set(ra.layers) if ra.layers is not None else None
-            for e_idx in lay.app_entries[ra.name]:
+            for e_idx in idxs:
                 e = lay.entries[e_idx]
                 if layers is not None and e.layer not in layers and e.returned:
                     continue  # (condition reads stay on: the app's conditional writes need them)
@@ -101,6 +103,11 @@ class SlotRegistry:
             return None
         row.flags.writeable = False
         return row
+
+    def forget_rows(self) -> None:
+        """Drop the cached coefficient rows (after an app version was placed or released: a
+        selection's row names the entries of its versions)."""
+        self._rows.clear()
 
     def update_requests(self, scheduler_output) -> None:
         """Registry update from a ``SchedulerOutput`` (called before the model runner's own

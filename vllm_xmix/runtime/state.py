@@ -18,6 +18,7 @@ from .layout import MODULE_BUFFERS, DeviceLayout
 from .reads import ReadTransport
 from .slots import SlotRegistry
 from .step import StepFill
+from .updates import AppUpdates
 from .variants import GraphVariants
 
 logger = logging.getLogger("vllm.xmix")
@@ -52,7 +53,8 @@ class XmixState:
     * ``slots`` (:class:`.slots.SlotRegistry`): which request holds which slot;
     * ``step`` (:class:`.step.StepFill`): the per-step fill of the token tables;
     * ``variants`` (:class:`.variants.GraphVariants`): run masks, CUDA-graph variants, site plans;
-    * ``reads`` (:class:`.reads.ReadTransport`): the read snapshots' way to the host.
+    * ``reads`` (:class:`.reads.ReadTransport`): the read snapshots' way to the host;
+    * ``updates`` (:class:`.updates.AppUpdates`): app versions changed on a running server.
 
     The state itself keeps the hook bookkeeping (``installed`` sites, ``calls`` per site, the
     buffer modules) and checks it (:meth:`verify_hooks_fired`). The attributes below are the
@@ -119,6 +121,7 @@ class XmixState:
         self.slots = SlotRegistry(layout, self.variants)
         self.reads = ReadTransport(layout.out)
         self.step = StepFill(layout, self.slots, self.variants, self.reads)
+        self.updates = AppUpdates(layout, self.slots)
         self.installed: set[int] = set()  # sites whose hook the adapter installed
         self.calls = [0] * len(layout.sites)  # hook-op calls per site (eager, compiled, captures)
         self.token_hook_calls = 0

@@ -32,7 +32,8 @@ Modules (each imports only those above it):
 from .builder import MIApp, _OpBuilder, deploy
 from .deployment import parse_deployment, resolve_layers, validate_deployment
 from .errors import XmixSpecError
-from .model import AppSpec, Cond, DeploymentConfig, Layers, Number, Op, ReadOp, RequestApp, Trigger, VectorFile, WriteOp
+from .model import (RESERVE_KINDS, AppSpec, Cond, DeploymentConfig, Layers, Number, Op, ReadOp, RequestApp, Reserve,
+                    Trigger, VectorFile, WriteOp)
 from .names import (CAPTURE_POSITIONS, CONFIG_KEY, KNOWN_HOOKS, KNOWN_READ_KINDS, KNOWN_WRITE_KINDS, ROUTER_HOOK,
                     SUPPORTED_HOOKS, SUPPORTED_WRITE_KINDS)
 from .request import check_request_against_deployment, check_router_masks, parse_request_apps, request_to_wire
@@ -44,6 +45,7 @@ __all__ = [
     "KNOWN_WRITE_KINDS", "KNOWN_READ_KINDS", "CAPTURE_POSITIONS",
     # data model
     "Layers", "Number", "VectorFile", "Cond", "Trigger", "WriteOp", "ReadOp", "Op", "AppSpec", "DeploymentConfig", "RequestApp",
+    "Reserve", "RESERVE_KINDS",
     # vectors, deployment, request
     "load_vector", "load_op_vector", "hook_width", "parse_deployment", "resolve_layers", "validate_deployment",
     "parse_request_apps", "check_request_against_deployment", "check_router_masks", "request_to_wire",

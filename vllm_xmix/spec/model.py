@@ -473,6 +473,91 @@ class AppSpec(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+#: the op kinds a deployment can reserve entries for (apps added on a running server): the kinds
+#: that commute with each other at a hook site (adds) or only read it (probes, cosines)
+RESERVE_KINDS: tuple[str, ...] = ("add", "linear_probe", "cosine")
+#: most spare versions per deployed app, and most reserved entries of one kind per site
+MAX_RESERVE = 16
+
+
+def _reserve_amount(v):
+    """``{hook: layers}`` (one entry at each of those sites) or an int n (n entries at every
+    hooked site)."""
+    if v is None:
+        return v
+    if _is_a(v, numbers.Integral):
+        if not 1 <= int(v) <= MAX_RESERVE:
+            raise ValueError(f"expected an entry count in 1..{MAX_RESERVE} per site, got {v!r}")
+        return int(v)
+    if not isinstance(v, dict) or not v:
+        raise ValueError("expected {hook: layers} (one entry at each of those sites) or an entry count per "
+                         f"hooked site, got {type(v).__name__} {v!r}")
+    return v
+
+
+class Reserve(BaseModel):
+    """Capacity kept at engine start for apps changed on a running server (the admin routes of
+    the OpenAI server, ``POST /v1/mi/apps`` and ``POST /v1/mi/apps/{name}``; docs/design.md,
+    "Apps on a running server"). Reserved entries are ordinary entries of the device tables
+    whose coefficient is 0 until an app takes them: they are hooked, compiled and captured at
+    start-up, so taking one needs no recompilation and no graph recapture.
+
+    Fields:
+        versions: spare copies of every deployed app's entries (same sites, same order at each
+            site): a replaced app's new parameters go into a free copy, while requests in
+            flight keep the copy they started with. 0 (the default): deployed apps are replaced
+            through the entries below where their ops allow it.
+        add, linear_probe, cosine: entries for apps added at run time (and replaced added
+            apps), per kind: ``{hook: layers}`` gives one entry of that kind at each of those
+            sites (``{"hook_resid_post": "all"}``); an int ``n`` gives ``n`` entries at every
+            hooked site (a site where a deployed app or another reserved entry is). An added
+            app's op of that kind takes one entry at each of its layers. Only adds (which
+            commute) and probe / cosine reads (which see the site's final value) are reserved:
+            an added app applies after the deployed apps at a site, as if deployed last.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    versions: StrictInt = 0
+    add: Annotated[Union[int, dict[str, Layers], None], BeforeValidator(_reserve_amount)] = None
+    linear_probe: Annotated[Union[int, dict[str, Layers], None], BeforeValidator(_reserve_amount)] = None
+    cosine: Annotated[Union[int, dict[str, Layers], None], BeforeValidator(_reserve_amount)] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, v):
+        if isinstance(v, dict):
+            bad = [k for k in v if k not in ("versions",) + RESERVE_KINDS]
+            if bad:
+                raise ValueError(f"{bad[0]}: not reservable; a reserve has 'versions' and entries of the kinds "
+                                 f"{', '.join(RESERVE_KINDS)} (added apps take those)")
+        return v
+
+    @field_validator("versions")
+    @classmethod
+    def _versions(cls, v: int) -> int:
+        if not 0 <= v <= MAX_RESERVE:
+            raise ValueError(f"expected 0..{MAX_RESERVE} spare versions per app, got {v}")
+        return v
+
+    @field_validator("add", "linear_probe", "cosine")
+    @classmethod
+    def _hooks(cls, v, info):
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for hook, layers in v.items():
+            h = _hook_name(hook)
+            if info.field_name == "add" and h == ROUTER_HOOK:
+                raise ValueError(f"{hook}: adds go to the residual-stream hooks (router logits take router_bias)")
+            out[h] = layers
+        return out
+
+    def kinds(self) -> dict[str, Any]:
+        """The reserved kinds and their amounts (``{hook: layers}`` or an int), in
+        :data:`RESERVE_KINDS` order."""
+        return {k: getattr(self, k) for k in RESERVE_KINDS if getattr(self, k) is not None}
+
+
 class DeploymentConfig(BaseModel):
     """``additional_config["xmix"]``: the apps compiled into this engine.
 
@@ -503,6 +588,9 @@ class DeploymentConfig(BaseModel):
             decode step at batch 1/8/64: all-layer steering -0.05/+1.6/+1.3% against
             +1.1/+6.7/+2.5% with ``"none"``, apps off within 1% for both; trade-offs:
             docs/design.md, "Writes inside the norm").
+        reserve: optional :class:`Reserve`: capacity for apps replaced or added on a running
+            server (with ``fused_writes`` ``"adds"`` / ``"all"`` refused: those compile the
+            writes into the graph).
         runtime: set by the plugin at engine configuration; keys the compile cache.
     """
 
@@ -513,6 +601,15 @@ class DeploymentConfig(BaseModel):
     fused_writes: Literal["adds", "all", "auto", "none", "norm"] = "auto"
     #: set by the plugin at engine configuration (``"vllm-xmix <version>"``); keys the compile cache
     runtime: str | None = None
+    reserve: Reserve | None = None
+
+    @model_validator(mode="after")
+    def _reserve_needs_tables(self):
+        if self.reserve is not None and self.fused_writes in ("adds", "all"):
+            raise ValueError(f"reserve: with fused_writes {self.fused_writes!r} the compiled graph applies the "
+                             "writes itself, so apps changed on a running server could not reach it; use "
+                             "fused_writes 'auto', 'norm' or 'none' with a reserve")
+        return self
 
     @field_validator("apps")
     @classmethod
@@ -546,3 +643,7 @@ class RequestApp(BaseModel):
     #: content hash of the app the caller meant (set when an ``MIApp`` is passed); checked
     #: against the deployed app of that name when the request is added
     hash: str | None = None
+    #: which parameters of a replaced or added app the request runs with (written by the front
+    #: end into the canonical selection when the request is added; refused from users): 0, or
+    #: absent, is the deployment's own
+    version: StrictInt | None = None

@@ -124,7 +124,17 @@ def validate_for_model(dep, archs: list[str], hf_config) -> None:
                     f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}.hook: {op.hook!r} is not "
                     f"available on {archs[0]} (available: {', '.join(adapter.hooks)})"
                 )
+    res = dep.reserve.kinds() if dep.reserve is not None else {}
+    for kind, amt in res.items():
+        for hook in (amt if isinstance(amt, dict) else {}):
+            if adapter is not None and hook not in adapter.hooks:
+                raise XmixSpecError(f"additional_config.xmix.reserve.{kind}.{hook}: not available on {archs[0]} "
+                                    f"(available: {', '.join(adapter.hooks)})")
     text = text_config(hf_config)
+    if dep.reserve is not None:
+        from ..runtime.layout import reserved_sites
+
+        reserved_sites(dep, text.num_hidden_layers, set())  # layers in range
     validate_deployment(dep, text.num_hidden_layers, text.hidden_size, n_experts(text),
                         getattr(text, "vocab_size", None))
 

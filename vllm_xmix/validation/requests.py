@@ -23,25 +23,33 @@ _DEP_CACHE: dict[int, tuple] = {}
 
 def _deployment_info(vllm_config):
     """(deployment or None, {app name: content hash}, {app name: [(op index, deployed scale,
-    size)]}, write limits), parsed, hashed and measured once per engine config: per write op the
-    size a scale multiplies (max |finite vector entry| of an add / router bias; for a projection
-    see :func:`check_write_magnitude`), and the largest writes that stay finite with headroom:
-    ``(residual stream, router logits)``. Router logits: ``finfo(dtype).max / 256``. The residual
-    stream also goes through the next RMSNorm, whose float32 sum of squares over d_model
-    overflows long before bf16 / float32 values do: at most ``sqrt(finfo(float32).max /
-    d_model) / 16`` there (about 1.8e16 for d_model 4096).
-
-    Hashing an app serialises its vectors (milliseconds for d_model 4096): never per request."""
+    size)]}, write limits) of the engine's apps as they are now (the deployment, or after a
+    change on a running server :func:`set_live_deployment`), parsed, hashed and measured once:
+    see :func:`measure_deployment`."""
     key = id(vllm_config)
     hit = _DEP_CACHE.get(key)
     if hit is not None and hit[0] is vllm_config:
-        return hit[1:]
+        return hit[1:5]
+    add = vllm_config.additional_config
+    dep = parse_deployment(add[CONFIG_KEY]) if isinstance(add, dict) and CONFIG_KEY in add else None
+    info = measure_deployment(vllm_config, dep)
+    _DEP_CACHE[key] = (vllm_config, *info, {})
+    return info
+
+
+def measure_deployment(vllm_config, dep):
+    """(``dep``, {app name: content hash}, {app name: [(op index, deployed scale, size)]}, write
+    limits): per write op the size a scale multiplies (max |finite vector entry| of an add /
+    router bias; for a projection see :func:`check_write_magnitude`), and the largest writes
+    that stay finite with headroom: ``(residual stream, router logits)``. Router logits:
+    ``finfo(dtype).max / 256``. The residual stream also goes through the next RMSNorm, whose
+    float32 sum of squares over d_model overflows long before bf16 / float32 values do: at most
+    ``sqrt(finfo(float32).max / d_model) / 16`` there (about 1.8e16 for d_model 4096).
+
+    Hashing an app serialises its vectors (milliseconds for d_model 4096): never per request."""
     import numpy as np
     import torch
 
-
-    add = vllm_config.additional_config
-    dep = parse_deployment(add[CONFIG_KEY]) if isinstance(add, dict) and CONFIG_KEY in add else None
     hashes = {a.name: a.content_hash() for a in dep.apps} if dep is not None else {}
     sizes: dict[str, list[tuple[int, float, float]]] = {}
     for app in (dep.apps if dep is not None else []):
@@ -60,9 +68,22 @@ def _deployment_info(vllm_config):
     hf = getattr(vllm_config.model_config, "hf_config", None)
     d_model = int(getattr(text_config(hf), "hidden_size", 1) or 1) if hf is not None else 1
     stream = min(limit, float(np.sqrt(float(torch.finfo(torch.float32).max) / d_model)) / 16)
-    limits = (stream, limit)
-    _DEP_CACHE[key] = (vllm_config, dep, hashes, sizes, limits)
-    return dep, hashes, sizes, limits
+    return dep, hashes, sizes, (stream, limit)
+
+
+def app_versions(vllm_config) -> dict[str, int]:
+    """The version of each app that new requests run (absent: 0, the deployment's own);
+    changed with :func:`set_live_deployment`."""
+    _deployment_info(vllm_config)
+    return _DEP_CACHE[id(vllm_config)][5]
+
+
+def set_live_deployment(vllm_config, dep, versions: dict[str, int], info=None) -> None:
+    """After an app was replaced or added on a running server: the front end's checks of new
+    requests use ``dep`` (its apps, content hashes, so the prefix-cache salts, and write sizes)
+    and stamp each selected app's version from ``versions`` into the canonical selection.
+    ``info``: ``measure_deployment(vllm_config, dep)`` if already computed."""
+    _DEP_CACHE[id(vllm_config)] = (vllm_config, *(info or measure_deployment(vllm_config, dep)), dict(versions))
 
 
 def _deployment_of(vllm_config):
@@ -70,15 +91,16 @@ def _deployment_of(vllm_config):
     return _deployment_info(vllm_config)[:2]
 
 
-def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field: str) -> None:
+def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field: str, info=None) -> None:
     """A write whose size overflows the model's dtype puts inf/NaN into the KV cache, whose
     blocks later requests reuse: refused. Size of an add / router bias: |scale| x max |vector
     entry|; of a projection with coefficient c (the scale) and target value:
     |1 - c| x ``PROJ_SPAN`` + |c| x |value| (ablation, c = 1, never grows the stream).
+    ``info``: :func:`measure_deployment` of the apps to check (default: the engine's, as now).
 
     Raises:
         XmixSpecError: naming the field, the size and the dtype's limit."""
-    dep, _, sizes, (stream_limit, logit_limit) = _deployment_info(vllm_config)
+    dep, _, sizes, (stream_limit, logit_limit) = info or _deployment_info(vllm_config)
     for oi, deployed, size in sizes.get(app_name, ()):
         c = deployed if scale is None else scale
         kind = dep.app(app_name).ops[oi].kind
@@ -125,6 +147,10 @@ def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
     apps = parse_request_apps(raw, field=field)
     if not apps:
         return {"apps": []}, None
+    for i, ra in enumerate(apps):
+        if ra.version is not None:
+            raise XmixSpecError(f"{field}[{i}].version: set by the server (the parameters the app has when the "
+                                "request arrives); leave it out")
     dep, hashes = _deployment_of(vllm_config)
     if dep is None:
         raise XmixSpecError(
@@ -138,6 +164,10 @@ def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
             check_write_magnitude(vllm_config, ra.name, ra.scale, f"{field}[{i}].scale")
     check_router_masks(apps, dep, n_layers, field=field)
     wire = request_to_wire(apps)
+    versions = app_versions(vllm_config)
+    for item in wire["apps"]:  # the parameters this request runs with: the app's version now
+        if versions.get(item["name"]):
+            item["version"] = versions[item["name"]]
     # apps whose coefficients are all zero change nothing: they do not split the prefix cache
     effective = []
     reads_prompt = False

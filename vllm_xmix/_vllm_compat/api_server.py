@@ -1,0 +1,113 @@
+"""API server: ``vllm.entrypoints.serve.register_vllm_serve_api_routers`` (which vLLM's
+``build_app`` calls on its FastAPI app, also when the server runs as ``python -m
+vllm.entrypoints.openai.api_server``) is wrapped so that the app also serves the routes of apps
+on a running server (checks and bookkeeping:
+:mod:`vllm_xmix.validation.admin`; worker side: :mod:`vllm_xmix.runtime.updates`):
+
+* ``GET /v1/mi/apps``: the apps requests can select (open, unless vLLM's ``--api-key`` guards
+  every ``/v1`` route, as for vLLM's own routes);
+* ``POST /v1/mi/apps/{name}``: replace a deployed app's parameters;
+* ``POST /v1/mi/apps``: add an app into capacity the deployment reserved.
+
+The changing routes need a key (:func:`vllm_xmix.validation.admin.check_key`), are applied one at
+a time, and reach the workers through ``EngineClient.collective_rpc("xmix_admin", ...)``; the
+front end's request checks switch to the new apps once every worker applied the change."""
+
+# (no "from __future__ import annotations": FastAPI reads the routes' annotations, Request)
+import asyncio
+import functools
+import logging
+
+from ..validation.admin import AdminError, check_key, commit_change, list_apps, parse_body, prepare_change
+from .core import mark
+from .output_processor import live_versions
+
+logger = logging.getLogger("vllm.xmix")
+
+_STATUS_TYPE = {400: "BadRequestError", 401: "Unauthorized", 403: "Forbidden", 404: "NotFoundError",
+                409: "ConflictError", 422: "UnprocessableEntityError", 501: "NotImplementedError",
+                507: "InsufficientStorageError", 500: "InternalServerError"}
+
+
+def patch_api_server() -> None:
+    try:
+        import vllm.entrypoints.serve as serve
+    except Exception as e:  # the server is optional
+        logger.debug("vllm_xmix: vLLM's API server not importable (%s)", e)
+        return
+
+    def wrap(orig):
+        @functools.wraps(orig)
+        def register_vllm_serve_api_routers(app, *a, **kw):
+            out = orig(app, *a, **kw)
+            add_app_routes(app)
+            return out
+
+        return register_vllm_serve_api_routers
+
+    mark("register_vllm_serve_api_routers", serve, "register_vllm_serve_api_routers", wrap)
+
+
+def _error(status: int, message: str):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(status_code=status, content={"error": {
+        "message": message, "type": _STATUS_TYPE.get(status, "Error"), "param": None, "code": status}})
+
+
+def add_app_routes(app) -> None:
+    """The ``/v1/mi/apps`` routes on vLLM's FastAPI ``app``."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    lock = asyncio.Lock()
+
+    def _config(request: Request):
+        client = getattr(request.app.state, "engine_client", None)
+        return client, getattr(client, "vllm_config", None)
+
+    async def get_apps(request: Request):
+        _, cfg = _config(request)
+        if cfg is None:
+            return _error(503, "the engine is not ready")
+        return JSONResponse(list_apps(cfg))
+
+    async def change(request: Request, action: str, name: str | None):
+        args = request.app.state.args
+        try:
+            check_key(request.headers, getattr(args, "api_key", None))
+            if int(getattr(args, "api_server_count", 1) or 1) > 1:
+                raise AdminError(501, "apps cannot change with several API server processes (--api-server-count > "
+                                      "1): each checks requests against its own copy of the apps")
+            client, cfg = _config(request)
+            if cfg is None:
+                raise AdminError(503, "the engine is not ready")
+            body = parse_body(await request.body())
+            async with lock:  # one change at a time: versions, live sets and the front end's apps agree
+                ch = prepare_change(cfg, action, name, body)
+                live = live_versions(client.output_processor)
+                payload = {**ch.payload, "live": live}
+                results = await client.collective_rpc("xmix_admin", args=(payload,))
+                bad = [r for r in results if not (isinstance(r, dict) and r.get("ok"))]
+                if bad:
+                    r = bad[0] if isinstance(bad[0], dict) else {}
+                    raise AdminError(int(r.get("status", 500)), str(r.get("error", f"worker answered {bad[0]!r}")))
+                commit_change(cfg, ch)
+        except AdminError as e:
+            return _error(e.status, str(e))
+        logger.info("vllm_xmix: app %r %s, version %d", ch.payload["name"],
+                    "replaced" if action == "replace" else "added", ch.payload["version"])
+        listed = next(a for a in list_apps(cfg)["data"] if a["name"] == ch.payload["name"])
+        # the versions requests in flight kept running (the previous one of this app among them)
+        listed["in_flight_versions"] = live
+        return JSONResponse(listed, status_code=200 if action == "replace" else 201)
+
+    async def replace_app(name: str, request: Request):
+        return await change(request, "replace", name)
+
+    async def add_app(request: Request):
+        return await change(request, "add", None)
+
+    app.add_api_route("/v1/mi/apps", get_apps, methods=["GET"])
+    app.add_api_route("/v1/mi/apps/{name}", replace_app, methods=["POST"])
+    app.add_api_route("/v1/mi/apps", add_app, methods=["POST"])
