@@ -1,7 +1,10 @@
 """Output processor (front end): ``RequestState.make_request_output`` is wrapped so that the
 read values of a request are assembled per position (:mod:`vllm_xmix.results`) and set as
 ``RequestOutput.mi_results``; the final values also go into the response's
-``kv_transfer_params["xmix_results"]`` (JSON), which the OpenAI server returns."""
+``kv_transfer_params["xmix_results"]`` (JSON), which the OpenAI server returns.
+``RequestOutput.add`` (how vLLM's ``RequestOutputCollector`` merges the outputs a slow consumer
+has not taken yet into one) is wrapped so that the merged output carries the values of the
+newest output merged in."""
 
 from __future__ import annotations
 
@@ -60,3 +63,15 @@ def patch_output_processor() -> None:
         return make_request_output
 
     mark("RequestState.make_request_output", RequestState, "make_request_output", wrap)
+
+    def wrap_add(orig):
+        @functools.wraps(orig)
+        def add(self, next_output, *args, **kwargs):
+            orig(self, next_output, *args, **kwargs)
+            view = next_output.__dict__.get("_xmix_view")
+            if view is not None:  # the newer output's view: all chunks up to it, its token count
+                self.__dict__["_xmix_view"] = view
+
+        return add
+
+    mark("RequestOutput.add", RequestOutput, "add", wrap_add)
