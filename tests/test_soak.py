@@ -320,12 +320,13 @@ PER_REQUEST = ("slots_held", "rows_registered", "reads_registered", "fused_rows"
                "high_water", "tok_slot_rows", "tok_fc_rows")
 
 
-def assert_idle(counts: dict, start: dict) -> None:
+def assert_idle(counts: dict, start: dict, distinct_selections: int = len(SELECTIONS)) -> None:
+    """Nothing per request is held; the row cache holds at most one row per distinct selection."""
     assert counts["deployed"], counts
     for k in PER_REQUEST:
         assert counts[k] == 0, (k, counts)
     assert counts["slots_free"] == counts["slots_total"] == start["slots_total"], counts
-    assert counts["snapshot_pool"] <= 4 and counts["row_cache"] <= len(SELECTIONS), counts
+    assert counts["snapshot_pool"] <= 4 and counts["row_cache"] <= distinct_selections, counts
 
 
 @pytest.fixture(scope="module")
@@ -428,3 +429,86 @@ def test_soak_mixed_load_with_faults(soak_server, hf, parameter_updates):
     assert growth < RSS_TOLERANCE_MIB, (growth, rss0, rss1)
     text = log.read_text()
     assert "Traceback" not in text, text[text.index("Traceback") - 2000:][:6000]
+
+
+# ----------------------------------------------------------------------------- HTTP selections, fuzzed
+
+def _http_item():
+    from hypothesis import strategies as st
+
+    name = st.sampled_from(["happy", "sad", "probe", "seal", "cast", "guard", "nope", ""])
+    scale = st.one_of(st.floats(-4, 4), st.integers(-3, 3), st.sampled_from([1e30, 10**400, "1", True, None]))
+    layers = st.one_of(st.lists(st.integers(-1, 5), max_size=3), st.sampled_from(["all", 1]))
+    obj = st.fixed_dictionaries({"name": name}, optional={"scale": scale, "layers": layers, "x": st.integers()})
+    junk = st.one_of(st.none(), st.integers(), st.text(max_size=4), st.lists(st.integers(), max_size=2))
+    return st.one_of(name, obj, junk)
+
+
+def _http_selection():
+    from hypothesis import strategies as st
+
+    return st.one_of(st.lists(_http_item(), max_size=3), st.sampled_from([5, "happy", {}, {"apps": ["happy"]}]))
+
+
+def test_http_selections_fuzzed_answer_200_or_400_naming_the_field(soak_server, hf):
+    """Selections drawn by hypothesis (names, unknown names, scales of every type and size, layer
+    lists, extra keys, junk items), sent as ``mi_apps`` or ``vllm_xargs.xmix`` (a list or its JSON
+    text), to completions or chat, streamed or not: each is answered 200, or 400 whose message
+    names the field as sent (an HTTP 400 before any byte of a stream); a 200 for a selection of
+    the add apps equals HF; after every example a plain request still equals HF."""
+    import urllib.error
+    import urllib.request
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    url, model, _, _ = soak_server
+    prompt = [5, 17, 300, 42, 9]
+    plain = hf.greedy(prompt, 4)
+
+    def post(path, b):
+        req = urllib.request.Request(url + path, data=json.dumps(b).encode(), headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    @settings(max_examples=40, deadline=None, derandomize=os.environ.get("XMIX_FUZZ_RANDOM") != "1",
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(sel=_http_selection(), via=st.sampled_from(["mi_apps", "xargs", "xargs_json"]), chat=st.booleans(),
+           stream=st.booleans())
+    def check_one(sel, via, chat, stream):
+        b = {"model": model, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
+             "stream": stream}
+        if via == "mi_apps":
+            b["mi_apps"], field = sel, "mi_apps"
+        else:
+            b["vllm_xargs"], field = {"xmix": json.dumps(sel) if via == "xargs_json" else sel}, "vllm_xargs"
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        if chat:
+            b["messages"] = [{"role": "user", "content": "The cat"}]
+        else:
+            b["prompt"] = prompt
+        status, text = post(path, b)
+        assert status in (200, 400), (status, text[:500], b)
+        if status == 400:
+            assert field in text, (field, text[:500])
+        elif not stream and not chat and isinstance(sel, list) and all(isinstance(x, str) for x in sel) \
+                and set(sel) <= {"happy", "sad"}:  # the add apps at their deployed scales: HF
+            toks = json.loads(text)["choices"][0]["token_ids"]
+            assert toks == hf.greedy(prompt, 4, app_deltas([{"name": x} for x in sel])), sel
+        s2, t2 = post("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0,
+                                          "ignore_eos": True, "return_token_ids": True})
+        assert s2 == 200 and json.loads(t2)["choices"][0]["token_ids"] == plain
+
+    check_one()
+
+    async def idle():  # and nothing of those requests is left in the worker's runtime
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s:
+            counts = await settle(s, url, make_pool())
+            assert_idle(counts, counts, distinct_selections=4096)  # (slots.SlotRegistry's bound)
+
+    asyncio.run(idle())
