@@ -218,9 +218,11 @@ def steer_llm(request, tiny_llama):
 
 
 @contextlib.contextmanager
-def running_server(args: list[str], log):
+def running_server(args: list[str], log, env: dict | None = None, proc_out: list | None = None):
     """A vLLM OpenAI server started as ``python <args> --port P --host 127.0.0.1`` (its output
-    in ``log``, a path), yielding its URL once ``/health`` answers; stopped on exit."""
+    in ``log``, a path; ``env``: variables set for it on top of this process's), yielding its URL
+    once ``/health`` answers; stopped on exit (SIGTERM, then SIGKILL after 30 s). ``proc_out``: a
+    list that receives the server's ``Popen`` (its pid, its exit status after the block)."""
     import socket
     import subprocess
     import sys
@@ -230,10 +232,12 @@ def running_server(args: list[str], log):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env = {**{k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}, **(env or {})}
     cmd = [sys.executable] + args + ["--port", str(port), "--host", "127.0.0.1"]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc_out is not None:
+        proc_out.append(proc)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):

@@ -225,7 +225,7 @@ def test_bad_graph_variant_setting_is_refused_at_engine_start(tiny_llama, monkey
 def test_overflowing_deployed_scale_is_refused(tiny_llama):
     """A deployed scale whose writes overflow the model's dtype (inf/NaN in reused KV-cache
     blocks would reach other requests) is refused when the engine is configured."""
-    with pytest.raises(ValueError, match=r"apps\.0\(x\)\.scale: app 'x' op 0 would write values up to .* dtype "
+    with pytest.raises(ValueError, match=r"apps\.0\(x\)\.ops\.0\.scale: app 'x' op 0 would write values up to .* dtype "
                                          r"torch\.float32, writes up to .* stay finite"):
         make_llm(tiny_llama, "eager", additional_config=deploy(_app(scale=1e38)))
 
@@ -254,6 +254,9 @@ def test_write_magnitude_bound_follows_the_dtype():
         check_write_magnitude(half, "add", 1e5, "f")
     with pytest.raises(XmixSpecError, match=r"f: app 'clamp' op 0 would write values up to 1e\+04 \(scale 1, value 10000\)"):
         check_write_magnitude(half, "clamp", None, "f")
+    # the deployment's own check names the op's field: its scale, or a clamp's value
+    with pytest.raises(XmixSpecError, match=r"^apps\.2\(clamp\)\.ops\.0\.value: app 'clamp' op 0 would write"):
+        check_write_magnitude(half, "clamp", None, "apps.2(clamp)", per_op=True)
     check_write_magnitude(full, "add", 1e5, "f")
     # the residual stream's next RMSNorm sums squares in float32 over d_model: with d_model 4096
     # writes stay below sqrt(3.4e38 / 4096) / 16 ~ 1.8e16 even where bf16 / float32 hold far more

@@ -115,6 +115,35 @@ def test_streaming_outputs_grow_and_end_complete(chunked, hf):
     close(probe, want, "probe")
 
 
+def test_streamed_outputs_merged_by_a_slow_consumer_carry_the_latest_values(chunked, hf):
+    """A streaming consumer that lags (a busy server) gets vLLM's DELTA outputs merged into one
+    (``RequestOutputCollector.put`` -> ``RequestOutput.add``): the merged output's values are those
+    of the newest output merged in, not of the first (found by the soak test: a stream's final
+    chunk missed the values of the steps merged into it)."""
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.output_processor import RequestOutputCollector
+
+    p = sp(["pr"], max_tokens=6)
+    p.output_kind = RequestOutputKind.DELTA
+    engine = chunked.llm_engine
+    engine.add_request("m0", {"prompt_token_ids": PROMPTS[3]}, p)
+    collector = RequestOutputCollector(RequestOutputKind.DELTA, "m0")
+    n_outputs = 0
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            collector.put(o)  # nobody takes them: every later output is merged into the first
+            n_outputs += 1
+    merged = collector.get_nowait()
+    assert n_outputs > 2 and merged.finished
+    toks = list(merged.outputs[0].token_ids)
+    assert toks == hf.greedy(PROMPTS[3], 6)
+    probe = merged.mi_results["pr"]["probe"]
+    assert probe.shape == (len(PROMPTS[3]) + 6 - 1,)
+    ids = PROMPTS[3] + toks[:-1]
+    want = hf.record(ids, [(2, "hook_resid_post")])[(2, "hook_resid_post")].astype(np.float64) @ W + 0.1
+    close(probe, want, "probe")
+
+
 def test_final_only_requests_get_their_values_once_at_the_end(chunked, hf, monkeypatch):
     """Offline ``generate`` (FINAL_ONLY outputs) uses a request's values only at the end: the
     engine core keeps them until the final output, so the front end receives them once per

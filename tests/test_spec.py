@@ -195,3 +195,18 @@ def test_selection_given_twice_is_refused():
 
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(sp), type=SamplingParams)
     assert back.extra_args == sp.extra_args and back.mi_apps == sp.mi_apps
+
+
+def test_integers_beyond_float_range_are_refused_by_field():
+    """JSON numbers may have any number of digits: an integer beyond float range (a scale, a
+    vector entry, a threshold) is refused naming the field, not with an OverflowError."""
+    huge = 10**400
+    with pytest.raises(XmixSpecError, match=r"mi_apps\[0\]\.scale: must be finite, got an integer beyond float range"):
+        parse_request_apps([{"name": "a", "scale": huge}])
+    for op, field in (({"kind": "add", "vector": [huge] + [0.0] * (D_MODEL - 1)}, "vector"),
+                      ({"kind": "add", "vector": [1.0] * D_MODEL, "scale": huge}, "scale"),
+                      ({"primitive": "read", "kind": "linear_probe", "weight": [1.0] * D_MODEL, "bias": -huge}, "bias"),
+                      ({"primitive": "read", "kind": "linear_probe", "weight": [1.0] * D_MODEL,
+                        "on": {"threshold": huge}}, "on.threshold")):
+        with pytest.raises(XmixSpecError, match=rf"apps\.0\.ops\.0\.{field}.*beyond float range"):
+            parse_deployment({"apps": [{"name": "a", "ops": [op]}]})

@@ -16,7 +16,8 @@ component it patches. Each patch wraps the original (kept as ``__wrapped__``), i
 * :mod:`.scheduler` -- ``Scheduler.update_from_output``: read values travel per request to the
   front end;
 * :mod:`.output_processor` -- ``RequestState.make_request_output``: read values become
-  ``RequestOutput.mi_results``;
+  ``RequestOutput.mi_results``; ``RequestOutput.add``: outputs merged for a slow consumer keep
+  the newest values;
 * :mod:`.openai_server` -- ``create_completion`` / ``create_chat_completion``: bad selections are
   an HTTP 400 before the response starts;
 * :mod:`.api_server` -- ``register_vllm_serve_api_routers``: the ``/v1/mi/apps`` routes (list, replace, add apps on a
@@ -25,6 +26,9 @@ component it patches. Each patch wraps the original (kept as ``__wrapped__``), i
   through ``collective_rpc``;
 * :mod:`.args_log` -- the logger of ``log_non_default_args``: a deployment's inline vectors are
   shortened in the start-up line.
+
+Not a patch: :mod:`.introspection` is a vLLM worker extension (``worker_extension_cls``) with one
+read-only call, ``xmix_counts``, for tests and debugging.
 
 The patches call into the runtime (:mod:`vllm_xmix.runtime`) and the checks
 (:mod:`vllm_xmix.validation`); neither imports this package.

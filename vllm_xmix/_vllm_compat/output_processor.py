@@ -4,7 +4,9 @@ read values of a request are assembled per position (:mod:`vllm_xmix.results`) a
 ``kv_transfer_params["xmix_results"]`` (JSON), which the OpenAI server returns.
 ``OutputProcessor.add_request`` is wrapped so that each request's state remembers the app
 versions it runs (:func:`live_versions`: which versions requests in flight still use, so an app
-change on a running server never reuses their entries)."""
+change on a running server never reuses their entries). ``RequestOutput.add`` (how vLLM's
+``RequestOutputCollector`` merges the outputs a slow consumer has not taken yet into one) is
+wrapped so that the merged output carries the values of the newest output merged in."""
 
 from __future__ import annotations
 
@@ -92,3 +94,15 @@ def patch_output_processor() -> None:
         return make_request_output
 
     mark("RequestState.make_request_output", RequestState, "make_request_output", wrap)
+
+    def wrap_add(orig):
+        @functools.wraps(orig)
+        def add(self, next_output, *args, **kwargs):
+            orig(self, next_output, *args, **kwargs)
+            view = next_output.__dict__.get("_xmix_view")
+            if view is not None:  # the newer output's view: all chunks up to it, its token count
+                self.__dict__["_xmix_view"] = view
+
+        return add
+
+    mark("RequestOutput.add", RequestOutput, "add", wrap_add)

@@ -138,6 +138,46 @@ class XmixState:
         return cls(DeviceLayout.build(deployment, n_layers, d_model, device, max_tokens, max_slots, n_experts,
                                       vocab_size=vocab_size, max_model_len=max_model_len))
 
+    def counts(self) -> dict[str, int]:
+        """What the runtime holds per request right now, as plain ints (read-only; JSON-able).
+
+        Per-request bookkeeping (``slots_held``, ``rows_registered``, ``reads_registered``,
+        ``fused_rows``, ``prompt_lengths``, ``prompts_staged``, ``preempted``, ``pending_rows``,
+        ``variant_requests``, ``step_positions``, ``step_reads``), the free and total slots (``slots_free``,
+        ``slots_total``: ``max_slots - 1``, slot 0 is the null slot), the device rows of the
+        per-token tables that point at a request (``tok_slot_rows``: non-null entries of
+        ``tok_slot [max_tokens]``; ``tok_fc_rows``: non-zero rows of ``tok_fc``), the read
+        snapshots waiting for their step's output (``snapshots_pending``) and the pinned buffers
+        kept for reuse (``snapshot_pool``, at most ``reads._POOL``), the coefficient rows cached
+        per distinct selection (``row_cache``, bounded). With no request in flight and after the
+        worker has seen the last ones finish (vLLM reports finished requests in the next step's
+        scheduler output), every per-request count is 0 and ``slots_free == slots_total``.
+
+        Reads two small device tables back (a synchronisation): for tests and debugging, not
+        for the step path."""
+        sl, lay = self.slots, self.layout
+        return {
+            "slots_total": int(self.max_slots - 1),
+            "slots_free": len(sl.free_slots),
+            "slots_held": len(sl.req_slot),
+            "rows_registered": len(sl.req_rows),
+            "reads_registered": len(sl.req_reads),
+            "fused_rows": len(sl.req_fc),
+            "prompt_lengths": len(sl.req_plen),
+            "prompts_staged": len(sl.req_prompt),
+            "preempted": len(sl.preempted),
+            "pending_rows": len(sl.pending_rows),
+            "step_positions": len(sl.step_pos),
+            "variant_requests": int(self.variants.n_requests),
+            "step_reads": len(self.reads.step_reads),
+            "snapshots_pending": len(self.reads._snapshots),
+            "snapshot_pool": len(self.reads._free),
+            "row_cache": len(sl._rows),
+            "high_water": int(self.step.high_water),
+            "tok_slot_rows": int((lay.tok_slot != 0).sum().item()),
+            "tok_fc_rows": int((lay.tok_fc != 0).any(dim=-1).sum().item()) if lay.tok_fc.numel() else 0,
+        }
+
     def verify_hooks_fired(self) -> None:
         """Fail loudly if a deployed hook site is missing from the model or was never executed
         (e.g. a torch.compile cache traced without it).

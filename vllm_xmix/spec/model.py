@@ -60,7 +60,10 @@ def _finite_number(v) -> float:
     """Any real number (Python or numpy), not bool, not a string; finite."""
     if not _is_a(v, numbers.Real):
         raise ValueError(f"expected a number, got {type(v).__name__} {v!r}")
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an int beyond float range (JSON allows any number of digits)
+        raise ValueError(f"must be finite, got an integer beyond float range ({int(v).bit_length()} bits)") from None
     if not math.isfinite(v):
         raise ValueError(f"must be finite, got {v}")
     return v

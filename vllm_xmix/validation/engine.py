@@ -34,7 +34,7 @@ def validate_engine_config(vllm_config) -> None:
     text = text_config(mc.hf_config)
 
     for ai, app in enumerate(dep.apps):
-        check_write_magnitude(vllm_config, app.name, None, f"additional_config.xmix.apps.{ai}({app.name}).scale")
+        check_write_magnitude(vllm_config, app.name, None, f"additional_config.xmix.apps.{ai}({app.name})", per_op=True)
 
     try:
         graph_variant_settings()

@@ -91,12 +91,18 @@ def _deployment_of(vllm_config):
     return _deployment_info(vllm_config)[:2]
 
 
-def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field: str, info=None) -> None:
+def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field: str, per_op: bool = False,
+                          info=None) -> None:
     """A write whose size overflows the model's dtype puts inf/NaN into the KV cache, whose
     blocks later requests reuse: refused. Size of an add / router bias: |scale| x max |vector
     entry|; of a projection with coefficient c (the scale) and target value:
     |1 - c| x ``PROJ_SPAN`` + |c| x |value| (ablation, c = 1, never grows the stream).
     ``info``: :func:`measure_deployment` of the apps to check (default: the engine's, as now).
+
+    ``scale``: the request's scale (None: the deployed ones). ``field``: how the error names the
+    scale (``mi_apps[0].scale``); with ``per_op`` (the deployment's own check) the app's path,
+    completed with the op's field (``<field>.ops.<i>.scale``, or ``.value`` for a clamp whose
+    target is what is too large).
 
     Raises:
         XmixSpecError: naming the field, the size and the dtype's limit."""
@@ -111,6 +117,9 @@ def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field
             big = abs(c) * size
         if big > limit:
             dtype = getattr(vllm_config.model_config, "dtype", "float32")
+            if per_op:
+                by_value = kind == "clamp" and abs(c) * size >= abs(1.0 - c) * PROJ_SPAN
+                field = f"{field}.ops.{oi}.{'value' if by_value else 'scale'}"
             raise XmixSpecError(
                 f"{field}: app {app_name!r} op {oi} would write values up to {big:.3g} (scale {c:g}"
                 + (f", value {size:g}" if dep.app(app_name).ops[oi].kind == "clamp" else "") + "); "

@@ -1,0 +1,39 @@
+"""Worker: a read-only introspection call for tests and debugging, as a vLLM worker extension
+(vLLM's ``--worker-extension-cls`` / ``LLM(worker_extension_cls=...)``; nothing is patched).
+
+``XmixWorkerExtension.xmix_counts()`` returns, as a JSON dict, what the MI runtime of the
+worker's model holds per request (``runtime.XmixState.counts``: slots held and free, registered
+rows, read snapshots, the per-token device rows that point at a request), or ``{"deployed":
+False}`` without a deployment. It changes nothing. How to call it:
+
+* offline: ``LLM(..., worker_extension_cls=EXTENSION)`` then ``llm.collective_rpc("xmix_counts")``
+  (one dict per worker);
+* on a server started with ``--worker-extension-cls vllm_xmix._vllm_compat.introspection.XmixWorkerExtension``
+  and vLLM's development endpoints (``VLLM_SERVER_DEV_MODE=1``, never on a public port):
+  ``POST /collective_rpc`` with ``{"method": "xmix_counts"}`` answers ``{"results": [dict, ...]}``.
+
+Used by the soak test (``tests/test_soak.py``): after load, aborts, disconnects and preemption the
+counts must return to those of the idle engine.
+"""
+
+from __future__ import annotations
+
+from ..runtime import STATE_KEY
+
+#: the qualified name to pass as ``worker_extension_cls``
+EXTENSION = "vllm_xmix._vllm_compat.introspection.XmixWorkerExtension"
+
+
+class XmixWorkerExtension:
+    """Mixed into vLLM's worker class by vLLM (``worker_extension_cls``); adds
+    :meth:`xmix_counts` and nothing else."""
+
+    def xmix_counts(self) -> dict:
+        """The worker's MI runtime counts (``XmixState.counts``: ints keyed by name), or
+        ``{"deployed": False}`` when no app is deployed. Read-only."""
+        runner = getattr(self, "model_runner", None)
+        ctx = runner.compilation_config.static_forward_context if runner is not None else {}
+        st = ctx.get(STATE_KEY)
+        if st is None:
+            return {"deployed": False}
+        return {"deployed": True, **st.counts()}
