@@ -39,8 +39,8 @@ LATEST = {"models": {MODEL: {
         "steer_all": {"rate=16": _entry("c1", "2026-12-01", mean_itl=_stat(1.04, 1.03, 1.05, 3),
                                         p99_itl=_stat(1.005, 0.98, 1.02, 3), mean_ttft=_stat(1.0, 0.99, 1.005, 3)),
                       "rate=inf": _entry("c0", "2026-11-30", throughput=_stat(0.99, 0.97, 1.01, 2))},
-        "probe_one": {"rate=16": _entry("c1", "2026-12-01", mean_itl=_stat(1.005), p99_itl=_stat(1.0),
-                                        mean_ttft=_stat(1.009))},
+        "probe_one": {"rate=16": _entry("c1", "2026-12-01", mean_itl=_stat(1.005, 1.002, 1.008, 3),
+                                        p99_itl=_stat(1.0, 0.995, 1.004, 3), mean_ttft=_stat(1.009, 1.0, 1.0095, 3))},
         "steer_all_K256": {"rate=inf": _entry("c0", "2026-11-30", throughput=_stat(0.97, 0.96, 0.975, 2))},
     },
     "decode": {"inactive": _entry("c0", "2026-11-30", batch={b: _stat(1.001, 0.999, 1.002, 4) for b in ("1", "8", "64")})},
@@ -79,7 +79,7 @@ def test_block_has_a_row_per_configuration_and_marks_what_was_not_measured(tmp_p
     steer = _row(text, "steer_all")
     assert "+4.0% [+3.0, +5.0]" in steer and "missed: mean ITL" in steer and "c1 2026-12-01; c0 2026-11-30" in steer
     inactive = _row(text, "inactive")
-    assert "-0.10%" in inactive and "+0.10 / +0.10 / +0.10%" in inactive and "| met |" in inactive
+    assert "-0.10%" in inactive and "+0.10 / +0.10 / +0.10%" in inactive and "| unresolved: mean ITL, P99 ITL, mean TTFT |" in inactive  # one round: never met
     assert "met; not measured: throughput, decode step" in _row(text, "probe_one")
     assert "missed: throughput" in _row(text, "steer_all_K256")
     assert "met: 100 s vs 80 s (1.25x)" in _row(text, "server start-up")
@@ -168,3 +168,14 @@ def test_server_log_yields_the_capture_and_each_graph_variants_cost(tmp_path, ca
     plain = tmp_path / "vanilla.log"
     plain.write_text("INFO Graph capturing finished in 6 secs, took 0.98 GiB\n")
     assert serve.graph_capture(str(plain)) == {"graph_s": 6.0, "graph_gib": 0.98}
+
+
+def test_a_single_round_inside_the_bound_is_unresolved_not_met():
+    """One round has no spread: inside the bound it is unresolved; outside it is still missed."""
+    one_in = {"ratio": 1.004, "min": 1.004, "max": 1.004, "n": 1}
+    one_out = {"ratio": 1.03, "min": 1.03, "max": 1.03, "n": 1}
+    three_in = {"ratio": 1.004, "min": 1.001, "max": 1.008, "n": 3}
+    assert report.judge(one_in, 1.0, False) == "unsure"
+    assert report.judge(one_out, 1.0, False) == "fail"
+    assert report.judge(three_in, 1.0, False) == "ok"
+    assert report.judge({"ratio": 0.999, "min": 0.999, "max": 0.999, "n": 1}, 1.0, True) == "unsure"

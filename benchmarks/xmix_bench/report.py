@@ -12,7 +12,8 @@ request: mean ITL, P99 ITL, mean TTFT within +1% and saturation throughput >= -1
 per-request configurations: throughput >= -2%; all apps on at once: throughput >= -3%; start-up
 <= 1.5x plain; CUDA-graph memory <= plain + 1 GiB. Latency comes from the latest finite request
 rate, throughput from saturation (rate inf). A line is *met* when its whole range is inside the
-bound, *missed* when its whole range is outside, *unresolved* when the range straddles it.
+bound, *missed* when its whole range is outside, *unresolved* when the range straddles it or
+when a single round inside the bound is all there is.
 
 ``--merge FILE``: measurements of another latest.json (e.g. one written on the GPU machine under
 ``$OUT``) replace these; ``--add-serve DIR``: the serving runs of a ``serve`` folder's
@@ -146,12 +147,17 @@ def fmt(s: dict | None) -> str:
 
 
 def judge(s: dict, bound: float, higher_is_better: bool) -> str:
-    """"ok", "fail" or "unsure" for one statistic against +bound% (latency) / -bound% (throughput)."""
+    """"ok", "fail" or "unsure" for one statistic against +bound% (latency) / -bound% (throughput).
+    One round shows no spread, so it is never enough for "ok" (a second plain server moved by
+    +-1% between rounds): a single-round value inside the bound is "unsure"."""
     lo, hi = (s["min"], s["max"]) if _has_range(s) else (s["ratio"], s["ratio"])
     lo, hi = (lo - 1) * 100, (hi - 1) * 100
+    single = s.get("n", 2) < 2
     if higher_is_better:
-        return "ok" if lo >= -bound else "fail" if hi < -bound else "unsure"
-    return "ok" if hi <= bound else "fail" if lo > bound else "unsure"
+        v = "ok" if lo >= -bound else "fail" if hi < -bound else "unsure"
+    else:
+        v = "ok" if hi <= bound else "fail" if lo > bound else "unsure"
+    return "unsure" if v == "ok" and single else v
 
 
 def _rate_key(k: str) -> float:
