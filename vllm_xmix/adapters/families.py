@@ -1,0 +1,22 @@
+"""Every supported family in one table: where each hook point lives in its vLLM decoder layer
+(:class:`.base.DecoderAdapter`; defaults: Llama's body, :mod:`._residual`). The odd ones say
+what differs; ``docs/hooks.md`` has the same as a table of family x hook point x meaning.
+"""
+
+from __future__ import annotations
+
+from .base import DecoderAdapter
+
+_M = "vllm.model_executor.models."
+
+
+LLAMA = DecoderAdapter(("LlamaForCausalLM",), _M + "llama", "LlamaDecoderLayer", "LlamaModel")
+QWEN3 = DecoderAdapter(("Qwen3ForCausalLM",), _M + "qwen3", "Qwen3DecoderLayer", "Qwen3Model")
+
+MIXTRAL = DecoderAdapter(
+    ("MixtralForCausalLM",), _M + "mixtral", "MixtralDecoderLayer", "MixtralModel",
+    mlp_out="block_sparse_moe", router="block_sparse_moe.gate",
+    meaning={"hook_mlp_out": "MoE output (block_sparse_moe)",
+             "mlp.hook_router_logits": "block_sparse_moe.gate output, before softmax / top-k"})
+
+ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, QWEN3, MIXTRAL)
