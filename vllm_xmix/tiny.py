@@ -16,6 +16,10 @@ import random
 import sys
 from pathlib import Path
 
+_BASE = dict(vocab_size=1024, hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+             intermediate_size=128, max_position_embeddings=1024, initializer_range=0.2, tie_word_embeddings=False,
+             rms_norm_eps=1e-5)  # 2 heads of 32 where the config derives head_dim from d_model
+
 TINY_SPECS = {
     "llama": dict(arch="LlamaForCausalLM", vocab_size=1024, hidden_size=64, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
@@ -29,6 +33,8 @@ TINY_SPECS = {
                     num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
                     num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=1024,
                     initializer_range=0.2, tie_word_embeddings=False, rms_norm_eps=1e-5, seed=0),
+    "mistral": dict(_BASE, arch="MistralForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    sliding_window=None, seed=1),
 }
 _VERSION = 2  # bump to rebuild cached models
 

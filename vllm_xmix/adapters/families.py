@@ -11,6 +11,7 @@ _M = "vllm.model_executor.models."
 
 
 LLAMA = DecoderAdapter(("LlamaForCausalLM",), _M + "llama", "LlamaDecoderLayer", "LlamaModel")
+MISTRAL = DecoderAdapter(("MistralForCausalLM",), _M + "mistral", "MistralDecoderLayer", "MistralModel")
 QWEN3 = DecoderAdapter(("Qwen3ForCausalLM",), _M + "qwen3", "Qwen3DecoderLayer", "Qwen3Model")
 
 MIXTRAL = DecoderAdapter(
@@ -19,4 +20,4 @@ MIXTRAL = DecoderAdapter(
     meaning={"hook_mlp_out": "MoE output (block_sparse_moe)",
              "mlp.hook_router_logits": "block_sparse_moe.gate output, before softmax / top-k"})
 
-ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, QWEN3, MIXTRAL)
+ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN3, MIXTRAL)
