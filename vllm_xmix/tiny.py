@@ -35,6 +35,7 @@ TINY_SPECS = {
                     initializer_range=0.2, tie_word_embeddings=False, rms_norm_eps=1e-5, seed=0),
     "mistral": dict(_BASE, arch="MistralForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                     sliding_window=None, seed=1),
+    "qwen2": dict(_BASE, arch="Qwen2ForCausalLM", rms_norm_eps=1e-6, seed=2),  # q/k/v projections with bias
 }
 _VERSION = 2  # bump to rebuild cached models
 

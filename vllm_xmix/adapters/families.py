@@ -12,6 +12,7 @@ _M = "vllm.model_executor.models."
 
 LLAMA = DecoderAdapter(("LlamaForCausalLM",), _M + "llama", "LlamaDecoderLayer", "LlamaModel")
 MISTRAL = DecoderAdapter(("MistralForCausalLM",), _M + "mistral", "MistralDecoderLayer", "MistralModel")
+QWEN2 = DecoderAdapter(("Qwen2ForCausalLM",), _M + "qwen2", "Qwen2DecoderLayer", "Qwen2Model")
 QWEN3 = DecoderAdapter(("Qwen3ForCausalLM",), _M + "qwen3", "Qwen3DecoderLayer", "Qwen3Model")
 
 MIXTRAL = DecoderAdapter(
@@ -20,4 +21,4 @@ MIXTRAL = DecoderAdapter(
     meaning={"hook_mlp_out": "MoE output (block_sparse_moe)",
              "mlp.hook_router_logits": "block_sparse_moe.gate output, before softmax / top-k"})
 
-ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN3, MIXTRAL)
+ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL)
