@@ -29,6 +29,7 @@ from test_hooks import HOOKS, N, PROJ, READS, check_reads, close, deltas, gen, h
 FAMILIES = {
     "mistral": {},
     "qwen2": {},
+    "phi3": {},
 }
 N_EXPERTS = 4
 MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off

@@ -36,6 +36,7 @@ TINY_SPECS = {
     "mistral": dict(_BASE, arch="MistralForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                     sliding_window=None, seed=1),
     "qwen2": dict(_BASE, arch="Qwen2ForCausalLM", rms_norm_eps=1e-6, seed=2),  # q/k/v projections with bias
+    "phi3": dict(_BASE, arch="Phi3ForCausalLM", seed=3),  # fused qkv_proj and gate_up_proj
 }
 _VERSION = 2  # bump to rebuild cached models
 

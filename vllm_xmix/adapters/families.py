@@ -10,7 +10,9 @@ from .base import DecoderAdapter
 _M = "vllm.model_executor.models."
 
 
-LLAMA = DecoderAdapter(("LlamaForCausalLM",), _M + "llama", "LlamaDecoderLayer", "LlamaModel")
+LLAMA = DecoderAdapter(
+    # vLLM serves Phi-3 with Llama's model and layer classes (fused qkv / gate_up weights)
+    ("LlamaForCausalLM", "Phi3ForCausalLM"), _M + "llama", "LlamaDecoderLayer", "LlamaModel")
 MISTRAL = DecoderAdapter(("MistralForCausalLM",), _M + "mistral", "MistralDecoderLayer", "MistralModel")
 QWEN2 = DecoderAdapter(("Qwen2ForCausalLM",), _M + "qwen2", "Qwen2DecoderLayer", "Qwen2Model")
 QWEN3 = DecoderAdapter(("Qwen3ForCausalLM",), _M + "qwen3", "Qwen3DecoderLayer", "Qwen3Model")
