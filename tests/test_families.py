@@ -30,6 +30,7 @@ FAMILIES = {
     "mistral": {},
     "qwen2": {},
     "phi3": {},
+    "granite": {"k": 0.5},
 }
 N_EXPERTS = 4
 MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off
@@ -65,6 +66,7 @@ def extra_apps(fam: str) -> list:
 
 ENGINES = [pytest.param((f, "eager", "auto"), id=f"{f}-eager") for f in FAMILIES] + [
     # [compiled]: the heaviest parametrizations (torch.compile of the model: ~2 min each here)
+    pytest.param(("granite", "compiled", "all"), id="granite-compiled-fused_all", marks=pytest.mark.slow),
 ]
 
 

@@ -37,6 +37,9 @@ TINY_SPECS = {
                     sliding_window=None, seed=1),
     "qwen2": dict(_BASE, arch="Qwen2ForCausalLM", rms_norm_eps=1e-6, seed=2),  # q/k/v projections with bias
     "phi3": dict(_BASE, arch="Phi3ForCausalLM", seed=3),  # fused qkv_proj and gate_up_proj
+    # Granite's multipliers: embeddings x4, each sub-layer's output x0.5 into the stream, logits / 2
+    "granite": dict(_BASE, arch="GraniteForCausalLM", embedding_multiplier=4.0, residual_multiplier=0.5,
+                    attention_multiplier=1 / 32, logits_scaling=2.0, seed=4),
 }
 _VERSION = 2  # bump to rebuild cached models
 

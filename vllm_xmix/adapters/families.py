@@ -5,7 +5,7 @@ what differs; ``docs/hooks.md`` has the same as a table of family x hook point x
 
 from __future__ import annotations
 
-from .base import DecoderAdapter
+from .base import SINGLE, DecoderAdapter
 
 _M = "vllm.model_executor.models."
 
@@ -17,10 +17,21 @@ MISTRAL = DecoderAdapter(("MistralForCausalLM",), _M + "mistral", "MistralDecode
 QWEN2 = DecoderAdapter(("Qwen2ForCausalLM",), _M + "qwen2", "Qwen2DecoderLayer", "Qwen2Model")
 QWEN3 = DecoderAdapter(("Qwen3ForCausalLM",), _M + "qwen3", "Qwen3DecoderLayer", "Qwen3Model")
 
+GRANITE = DecoderAdapter(
+    ("GraniteForCausalLM",), _M + "granite", "GraniteDecoderLayer", "GraniteModel",
+    stream=SINGLE, args=(1, 1),
+    meaning={
+        "hook_resid_pre": "layer input; L=0: embeddings x embedding_multiplier",
+        "hook_attn_out": "self_attn output (o_proj), before x residual_multiplier",
+        "hook_resid_mid": "resid_pre + residual_multiplier x attn_out",
+        "hook_mlp_out": "mlp output, before x residual_multiplier",
+        "hook_resid_post": "resid_mid + residual_multiplier x mlp_out",
+    })
+
 MIXTRAL = DecoderAdapter(
     ("MixtralForCausalLM",), _M + "mixtral", "MixtralDecoderLayer", "MixtralModel",
     mlp_out="block_sparse_moe", router="block_sparse_moe.gate",
     meaning={"hook_mlp_out": "MoE output (block_sparse_moe)",
              "mlp.hook_router_logits": "block_sparse_moe.gate output, before softmax / top-k"})
 
-ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, MIXTRAL)
+ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GRANITE, MIXTRAL)
