@@ -31,6 +31,7 @@ FAMILIES = {
     "qwen2": {},
     "phi3": {},
     "granite": {"k": 0.5},
+    "qwen3_moe": {"router": [0, 1, 2, 3]},
 }
 N_EXPERTS = 4
 MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off
@@ -67,6 +68,7 @@ def extra_apps(fam: str) -> list:
 ENGINES = [pytest.param((f, "eager", "auto"), id=f"{f}-eager") for f in FAMILIES] + [
     # [compiled]: the heaviest parametrizations (torch.compile of the model: ~2 min each here)
     pytest.param(("granite", "compiled", "all"), id="granite-compiled-fused_all", marks=pytest.mark.slow),
+    pytest.param(("qwen3_moe", "compiled", "auto"), id="qwen3_moe-compiled", marks=pytest.mark.slow),
 ]
 
 
@@ -151,3 +153,74 @@ def test_hook_points_mean_what_the_table_says(family_engine):
         rec = hf.record(ids, [(L, h) for L in MEANING_LAYERS for h in _HOOK_NAMES])
         for (L, h), want in rec.items():
             close(got[h][L], want, f"{h}@{L} vs HF")
+
+
+def test_router_hooks_equal_hf_and_fire(family_engine):
+    """MoE families: a ``-inf`` router mask and a boost equal HF with the bias added inside its
+    router before softmax / top-k (a hook that silently did not fire would leave the tokens
+    plain: the oracle's tokens differ from plain ones, and the masked expert is never selected in
+    HF); masked and unmasked requests share a batch; router-logit reads equal HF's logits."""
+    llm, hf = family_engine
+    rl = FAMILIES[llm.family].get("router")
+    if not rl:
+        pytest.skip("a dense family: no router")
+    from vllm_xmix import SamplingParams
+
+    def sp(apps):
+        return SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, mi_apps=apps)
+
+    plain = [hf.greedy(p, N) for p in PROMPTS]
+    seen = []
+    with hf.router_bias({L: torch.tensor(MASK) for L in rl}, seen):
+        want_mask = [hf.greedy(p, N) for p in PROMPTS]
+    logits = [s[0] if isinstance(s, tuple) else s for s in seen]
+    assert seen and all(not (x.reshape(-1, N_EXPERTS).argmax(-1) == 2).any() for x in logits)
+    assert all(torch.isneginf(x.reshape(-1, N_EXPERTS)[:, 2]).all() for x in logits), "oracle: the mask did not apply"
+    boost = {L: torch.tensor(BOOST) for L in BOOST_LAYERS}
+    with hf.router_bias(boost):
+        want_boost = [hf.greedy(p, N) for p in PROMPTS]
+    assert want_mask != plain and want_boost != plain
+    from vllm_xmix.adapters import SUPPORTED_ARCHITECTURES
+    from vllm_xmix.adapters.base import submodule
+
+    ad = SUPPORTED_ARCHITECTURES[llm.llm_engine.vllm_config.model_config.architectures[0]]
+    if ad.gate_in_experts:  # the router layers compute their logits in the block, where the hook is
+        internal = llm.apply_model(lambda m: [submodule(layer, ad.gate_in_experts).is_internal_router
+                                              for layer in m.model.layers])
+        assert internal == [[False] * len(rl)], internal
+    assert gen(llm, ["mask2"]) == want_mask
+    assert gen(llm, ["boost"]) == want_boost
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], [sp(["mask2"] if i % 2 else None)
+                                                                   for i in range(len(PROMPTS))], use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs] == [want_mask[i] if i % 2 else plain[i]
+                                                            for i in range(len(PROMPTS))]
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp(["boost", "rlog"]), use_tqdm=False)
+    for o, p in zip(outs, PROMPTS):
+        ids = list(p) + list(o.outputs[0].token_ids)[:-1]
+        with hf.router_bias(boost):
+            assert list(o.outputs[0].token_ids) == hf.greedy(p, N)
+            rec = hf.record(ids, [(1, "mlp.hook_router_logits"), (3, "mlp.hook_router_logits")])
+        for L in (1, 3):
+            x = rec[(L, "mlp.hook_router_logits")]
+            assert x.shape == (len(ids), N_EXPERTS)
+            close(o.mi_results["rlog"]["logits"][L], x, f"logits@{L}")
+            close(o.mi_results["rlog"]["probe"][L], x.astype(np.float64) @ np.array(PROBE_W) + 0.5, f"probe@{L}")
+
+
+def test_router_hook_on_a_dense_layer_is_refused(tmp_path):
+    """A MoE model's dense layers (Qwen3-MoE's ``mlp_only_layers``) have no router: a router hook
+    there, or on ``"all"`` layers, is refused at engine start naming the layers that have one."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from vllm_xmix import MIApp, deploy
+
+    Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                       num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_experts=4,
+                                       num_experts_per_tok=2, moe_intermediate_size=64, mlp_only_layers=[0])
+                        ).save_pretrained(tmp_path)
+    for layers in ([0, 1], "all"):
+        a = MIApp("r")
+        a.write("router_bias", vector=MASK).layers(layers).submodule("mlp.hook_router_logits")
+        with pytest.raises(ValueError, match=r"apps\.0\(r\)\.ops\.0\.layers: layer 0 of Qwen3MoeForCausalLM has a "
+                                             r"dense MLP, no router \(layers with a router: \[1, 2\]\)"):
+            make_llm(str(tmp_path), "eager", additional_config=deploy(a), skip_tokenizer_init=True)

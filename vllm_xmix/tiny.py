@@ -40,6 +40,9 @@ TINY_SPECS = {
     # Granite's multipliers: embeddings x4, each sub-layer's output x0.5 into the stream, logits / 2
     "granite": dict(_BASE, arch="GraniteForCausalLM", embedding_multiplier=4.0, residual_multiplier=0.5,
                     attention_multiplier=1 / 32, logits_scaling=2.0, seed=4),
+    "qwen3_moe": dict(_BASE, arch="Qwen3MoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+                      decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6, seed=5),
 }
 _VERSION = 2  # bump to rebuild cached models
 

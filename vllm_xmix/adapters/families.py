@@ -10,6 +10,14 @@ from .base import SINGLE, DecoderAdapter
 _M = "vllm.model_executor.models."
 
 
+def _qwen3_moe_layers(c) -> list[int]:
+    """vLLM's ``Qwen3MoeDecoderLayer``: a sparse block unless the layer is in ``mlp_only_layers``
+    or off the ``decoder_sparse_step`` grid."""
+    dense = set(getattr(c, "mlp_only_layers", None) or [])
+    step = getattr(c, "decoder_sparse_step", 1) or 1
+    return [L for L in range(c.num_hidden_layers) if L not in dense and (L + 1) % step == 0]
+
+
 LLAMA = DecoderAdapter(
     # vLLM serves Phi-3 with Llama's model and layer classes (fused qkv / gate_up weights)
     ("LlamaForCausalLM", "Phi3ForCausalLM"), _M + "llama", "LlamaDecoderLayer", "LlamaModel")
@@ -34,4 +42,11 @@ MIXTRAL = DecoderAdapter(
     meaning={"hook_mlp_out": "MoE output (block_sparse_moe)",
              "mlp.hook_router_logits": "block_sparse_moe.gate output, before softmax / top-k"})
 
-ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GRANITE, MIXTRAL)
+QWEN3_MOE = DecoderAdapter(
+    ("Qwen3MoeForCausalLM",), _M + "qwen3_moe", "Qwen3MoeDecoderLayer", "Qwen3MoeModel",
+    router="mlp.gate", router_layers=_qwen3_moe_layers, gate_in_experts="mlp.experts",
+    meaning={"hook_mlp_out": "MoE output (mlp: the sparse block)",
+             "mlp.hook_router_logits": "mlp.gate output, computed in the block's forward (taken out of "
+                                       "FusedMoE), before softmax / top-k"})
+
+ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GRANITE, MIXTRAL, QWEN3_MOE)
