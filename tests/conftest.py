@@ -73,6 +73,8 @@ def app_deltas(apps: list[dict]) -> dict[int, np.ndarray]:
 #: residual: written in place there), and the router module whose output[0] is the router logits
 HF_PATHS = {
     "llama": dict(attn_out="self_attn", mlp_out="mlp", resid_mid="post_attention_layernorm", router="mlp.gate"),
+    "gemma2": dict(attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm",
+                   resid_mid="pre_feedforward_layernorm", router=None),
 }
 
 

@@ -32,6 +32,7 @@ FAMILIES = {
     "phi3": {},
     "granite": {"k": 0.5},
     "qwen3_moe": {"router": [0, 1, 2, 3]},
+    "gemma2": {"paths": "gemma2", "attn": "eager"},
 }
 N_EXPERTS = 4
 MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off

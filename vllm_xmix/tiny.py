@@ -43,6 +43,10 @@ TINY_SPECS = {
     "qwen3_moe": dict(_BASE, arch="Qwen3MoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                       num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
                       decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6, seed=5),
+    # sandwich norms, sqrt(d_model) embedding scale, soft-capping, sliding window on every other layer
+    "gemma2": dict(_BASE, arch="Gemma2ForCausalLM", head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention"] * 2, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0, tie_word_embeddings=True, rms_norm_eps=1e-6, seed=7),
 }
 _VERSION = 2  # bump to rebuild cached models
 

@@ -49,4 +49,14 @@ QWEN3_MOE = DecoderAdapter(
              "mlp.hook_router_logits": "mlp.gate output, computed in the block's forward (taken out of "
                                        "FusedMoE), before softmax / top-k"})
 
-ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GRANITE, MIXTRAL, QWEN3_MOE)
+GEMMA2 = DecoderAdapter(
+    # sandwich norms: what the attention / MLP add to the stream is the output of the norm after them
+    ("Gemma2ForCausalLM",), _M + "gemma2", "Gemma2DecoderLayer", "Gemma2Model",
+    attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm",
+    resid_mid="pre_feedforward_layernorm",
+    meaning={"hook_resid_pre": "stream entering layer L; L=0: embeddings x sqrt(d_model)",
+             "hook_attn_out": "post_attention_layernorm(self_attn output): what attention adds to the stream",
+             "hook_resid_mid": "resid_pre + attn_out (the residual of pre_feedforward_layernorm)",
+             "hook_mlp_out": "post_feedforward_layernorm(mlp output): what the MLP adds to the stream"})
+
+ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GRANITE, MIXTRAL, QWEN3_MOE, GEMMA2)
