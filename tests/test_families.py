@@ -33,6 +33,7 @@ FAMILIES = {
     "granite": {"k": 0.5},
     "qwen3_moe": {"router": [0, 1, 2, 3]},
     "gemma2": {"paths": "gemma2", "attn": "eager"},
+    "olmo3": {"paths": "olmo3"},
 }
 N_EXPERTS = 4
 MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off
@@ -225,3 +226,18 @@ def test_router_hook_on_a_dense_layer_is_refused(tmp_path):
         with pytest.raises(ValueError, match=r"apps\.0\(r\)\.ops\.0\.layers: layer 0 of Qwen3MoeForCausalLM has a "
                                              r"dense MLP, no router \(layers with a router: \[1, 2\]\)"):
             make_llm(str(tmp_path), "eager", additional_config=deploy(a), skip_tokenizer_init=True)
+
+
+def test_a_family_served_by_the_transformers_backend_is_refused(tmp_path):
+    """OLMo 2 has no vLLM decoder layer of its own in vLLM 0.26 (its Transformers backend serves
+    it): apps on it are refused at engine start, naming the architecture."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM
+
+    from vllm_xmix import MIApp, deploy
+
+    Olmo2ForCausalLM(Olmo2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=2)).save_pretrained(tmp_path)
+    a = MIApp("a")
+    a.write("add", vector=unit_rms(1)).layers([0])
+    with pytest.raises(ValueError, match=r"architecture \['Olmo2ForCausalLM'\] is not supported by vllm-xmix"):
+        make_llm(str(tmp_path), "eager", additional_config=deploy(a), skip_tokenizer_init=True)

@@ -47,6 +47,9 @@ TINY_SPECS = {
     "gemma2": dict(_BASE, arch="Gemma2ForCausalLM", head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
                    layer_types=["sliding_attention", "full_attention"] * 2, attn_logit_softcapping=50.0,
                    final_logit_softcapping=30.0, tie_word_embeddings=True, rms_norm_eps=1e-6, seed=7),
+    # OLMo 2's post-norm layer (norms on the sub-layers' outputs), sliding window on three layers of four
+    "olmo3": dict(_BASE, arch="Olmo3ForCausalLM", sliding_window=8,
+                  layer_types=["sliding_attention"] * 3 + ["full_attention"], seed=8),
 }
 _VERSION = 2  # bump to rebuild cached models
 
