@@ -7,7 +7,7 @@ per request), plus ``[compiled]`` engines only where the compiled path differs f
 single-tensor stream with every write fused into the graph (Granite: resid_mid's in-place copy)
 and a router taken out of ``FusedMoE`` into the graph (Qwen3-MoE). Llama, Qwen3 and Mixtral are
 covered by ``test_hooks.py`` / ``test_router.py``. The whole file: 3.5 min on a quiet 2-core
-machine (nine engines).
+machine (nine engines; ten with Gemma 3).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ FAMILIES = {
     "granite": {"k": 0.5},
     "qwen3_moe": {"router": [0, 1, 2, 3]},
     "gemma2": {"paths": "gemma2", "attn": "eager"},
+    "gemma3": {"paths": "gemma2", "attn": "eager"},
     "olmo3": {"paths": "olmo3"},
 }
 N_EXPERTS = 4

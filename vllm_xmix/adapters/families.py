@@ -59,6 +59,12 @@ GEMMA2 = DecoderAdapter(
              "hook_resid_mid": "resid_pre + attn_out (the residual of pre_feedforward_layernorm)",
              "hook_mlp_out": "post_feedforward_layernorm(mlp output): what the MLP adds to the stream"})
 
+GEMMA3 = DecoderAdapter(
+    # Gemma 2's layer with q/k norms inside the attention: the same places
+    ("Gemma3ForCausalLM",), _M + "gemma3", "Gemma3DecoderLayer", "Gemma3Model",
+    attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm",
+    resid_mid="pre_feedforward_layernorm", meaning=GEMMA2.meaning)
+
 OLMO3 = DecoderAdapter(
     # OLMo 2's layer (vLLM 0.26 serves OLMo 2 itself through its Transformers backend, not this class)
     ("Olmo3ForCausalLM",), _M + "olmo3", "Olmo3DecoderLayer", "Olmo3Model",
@@ -68,4 +74,5 @@ OLMO3 = DecoderAdapter(
              "hook_resid_mid": "resid_pre + attn_out (the MLP's input: no pre-norm)",
              "hook_mlp_out": "post_feedforward_layernorm(mlp output): what the MLP adds to the stream"})
 
-ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GRANITE, MIXTRAL, QWEN3_MOE, GEMMA2, OLMO3)
+ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GRANITE, MIXTRAL, QWEN3_MOE, GEMMA2, GEMMA3,
+                                        OLMO3)
