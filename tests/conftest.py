@@ -67,23 +67,87 @@ def app_deltas(apps: list[dict]) -> dict[int, np.ndarray]:
     return out
 
 
+#: where each hook point lives in the HF model's decoder layer (``model.model.layers[L]``), per
+#: family, for the oracle's plain hooks: the modules whose outputs are attn_out / mlp_out, the module
+#: whose input is resid_mid (the stream after the attention's addition, which HF also keeps as the
+#: residual: written in place there), and the router module whose output[0] is the router logits
+HF_PATHS = {
+    "llama": dict(attn_out="self_attn", mlp_out="mlp", resid_mid="post_attention_layernorm", router="mlp.gate"),
+    "gemma2": dict(attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm",
+                   resid_mid="pre_feedforward_layernorm", router=None),
+    "olmo3": dict(attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm", resid_mid="mlp",
+                  router=None),
+}
+
+
+def _sub(root, path: str):
+    for part in path.split("."):
+        root = getattr(root, part)
+    return root
+
+
 class HFOracle:
     """HF transformers causal LM with plain PyTorch forward hooks (the reference).
 
     ``greedy(ids, n, deltas)``: greedy decoding by full recompute (no KV cache), adding
     ``delta`` at TransformerLens hook points for every token position. ``deltas`` maps
-    ``layer`` (meaning ``hook_resid_post``) or ``(layer, hook_name)`` to a ``[d_model]`` array:
+    ``layer`` (meaning ``hook_resid_post``) or ``(layer, hook_name)`` to a ``[d_model]`` array.
+    Where each hook lives in the HF layer (``paths``, default Llama's, see :data:`HF_PATHS`):
 
     - ``hook_resid_pre``: forward pre-hook on ``model.layers[L]`` adds to its hidden_states input;
-    - ``hook_attn_out`` and ``hook_resid_mid`` (for an add they are the same stream change):
-      forward hook on ``layers[L].self_attn`` adds to the attention output;
-    - ``hook_mlp_out``: forward hook on ``layers[L].mlp``;
-    - ``hook_resid_post``: forward hook on ``layers[L]`` adds to its output."""
+    - ``hook_attn_out``: forward hook on the ``attn_out`` module (``self_attn``) adds to its output;
+    - ``hook_resid_mid``: forward pre-hook on the ``resid_mid`` module (``post_attention_layernorm``)
+      adds in place to its input, which HF's layer also keeps as the residual;
+    - ``hook_mlp_out``: forward hook on the ``mlp_out`` module (``mlp``);
+    - ``hook_resid_post``: forward hook on ``layers[L]`` adds to its output.
 
-    def __init__(self, model_dir: str):
+    ``router_bias(biases)`` adds a bias to the router logits inside the HF router's forward,
+    before its softmax / top-k."""
+
+    def __init__(self, model_dir: str, paths: dict | None = None, attn_implementation: str | None = None):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw).eval()
+        self.paths = paths or HF_PATHS["llama"]
+
+    def router(self, L: int):
+        """The HF router module of layer ``L``."""
+        return _sub(self.model.model.layers[L], self.paths["router"])
+
+    @contextlib.contextmanager
+    def router_bias(self, biases: dict, seen: list | None = None):
+        """Within the block: each layer ``L`` of ``biases`` ({L: [n_experts] tensor}) computes its
+        router logits as ``F.linear(x, W, b) + bias`` (the HF router's own forward otherwise: its
+        softmax / top-k see the biased logits); ``seen`` collects the output of each call."""
+        import torch.nn.functional as F
+
+        real = F.linear
+        olds = {}
+        for L, bias in biases.items():
+            gate = self.router(L)
+            olds[L] = gate.forward
+
+            def fwd(*a, gate=gate, bias=bias, orig=gate.forward, **k):
+                def linear(x, w, b=None):
+                    out = real(x, w, b)
+                    return out + bias if w.data_ptr() == gate.weight.data_ptr() and w.shape == gate.weight.shape else out
+
+                F.linear = linear
+                try:
+                    out = orig(*a, **k)
+                finally:
+                    F.linear = real
+                if seen is not None:
+                    seen.append(out)
+                return out
+
+            gate.forward = fwd
+        try:
+            yield
+        finally:
+            for L, f in olds.items():
+                self.router(L).forward = f
 
     def _register(self, L: int, hook: str, fn) -> list:
         """Hooks that replace the value x at (L, hook) by x + fn(x_full); x_full is the hook's
@@ -106,19 +170,15 @@ class HFOracle:
 
             return [layer.register_forward_pre_hook(pre, with_kwargs=True)]
         if hook in ("hook_attn_out", "hook_mlp_out", "hook_resid_post"):
-            mod = {"hook_attn_out": layer.self_attn, "hook_mlp_out": layer.mlp, "hook_resid_post": layer}[hook]
+            mod = {"hook_attn_out": _sub(layer, self.paths["attn_out"]), "hook_mlp_out": _sub(layer, self.paths["mlp_out"]),
+                   "hook_resid_post": layer}[hook]
             return [mod.register_forward_hook(lambda m, a, out: replace(out, first(out) + fn(first(out))))]
         if hook == "hook_resid_mid":
-            seen = {}
+            def mid(mod, args, kwargs):
+                x = args[0] if args else kwargs["hidden_states"]
+                x.add_(fn(x))  # in place: the layer's residual is this tensor too
 
-            def grab(mod, args, kwargs):
-                seen["x"] = args[0] if args else kwargs["hidden_states"]
-
-            def attn(mod, a, out):
-                o = first(out)
-                return replace(out, o + fn(seen["x"] + o))
-
-            return [layer.register_forward_pre_hook(grab, with_kwargs=True), layer.self_attn.register_forward_hook(attn)]
+            return [_sub(layer, self.paths["resid_mid"]).register_forward_pre_hook(mid, with_kwargs=True)]
         raise KeyError(hook)
 
     @torch.no_grad()
@@ -127,12 +187,12 @@ class HFOracle:
         """One forward over ``ids`` (prompt + generated[:-1]: the positions vLLM processed) with
         the same writes as :meth:`greedy`; returns the value at each ``(layer, hook)`` read,
         float32 ``[len(ids), d]``, seen after the writes at that hook (reads registered last).
-        ``(L, "mlp.hook_router_logits")``: the Mixtral gate's logits ``[len(ids), n_experts]``."""
+        ``(L, "mlp.hook_router_logits")``: the router's logits ``[len(ids), n_experts]``."""
         got: dict = {}
         handles = self._writes(deltas, fns)
         for L, hook in reads:
             if hook == "mlp.hook_router_logits":
-                gate = self.model.model.layers[L].mlp.gate
+                gate = self.router(L)
                 handles.append(gate.register_forward_hook(
                     lambda m, a, out, k=(L, hook): got.__setitem__(k, (out[0] if isinstance(out, tuple) else out)
                                                                    .reshape(len(ids), -1).float().numpy().copy())))

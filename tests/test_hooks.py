@@ -37,8 +37,15 @@ READS = {
 BIAS = 0.25
 
 
-def deployment(fused_writes="none"):
-    from vllm_xmix import MIApp, deploy
+def deployment(fused_writes="none", extra=()):
+    from vllm_xmix import deploy
+
+    return deploy(*hook_apps(), *extra, fused_writes=fused_writes)
+
+
+def hook_apps() -> list:
+    """The apps of :func:`deployment`: reads, writes and projections at every hook point."""
+    from vllm_xmix import MIApp
 
     apps = []
     for name, (hook, layers, seed) in READS.items():
@@ -58,7 +65,7 @@ def deployment(fused_writes="none"):
         a = MIApp(name)
         a.write(kind, vector=unit_rms(seed) * 3.0, scale=scale, value=value).layers(layers).submodule(hook)
         apps.append(a)
-    return deploy(*apps, fused_writes=fused_writes)
+    return apps
 
 
 def proj_fns(names, scales=None):

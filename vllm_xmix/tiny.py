@@ -16,6 +16,10 @@ import random
 import sys
 from pathlib import Path
 
+_BASE = dict(vocab_size=1024, hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+             intermediate_size=128, max_position_embeddings=1024, initializer_range=0.2, tie_word_embeddings=False,
+             rms_norm_eps=1e-5)  # 2 heads of 32 where the config derives head_dim from d_model
+
 TINY_SPECS = {
     "llama": dict(arch="LlamaForCausalLM", vocab_size=1024, hidden_size=64, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
@@ -29,6 +33,29 @@ TINY_SPECS = {
                     num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
                     num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=1024,
                     initializer_range=0.2, tie_word_embeddings=False, rms_norm_eps=1e-5, seed=0),
+    "mistral": dict(_BASE, arch="MistralForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    sliding_window=None, seed=1),
+    "qwen2": dict(_BASE, arch="Qwen2ForCausalLM", rms_norm_eps=1e-6, seed=2),  # q/k/v projections with bias
+    "phi3": dict(_BASE, arch="Phi3ForCausalLM", seed=3),  # fused qkv_proj and gate_up_proj
+    # Granite's multipliers: embeddings x4, each sub-layer's output x0.5 into the stream, logits / 2
+    "granite": dict(_BASE, arch="GraniteForCausalLM", embedding_multiplier=4.0, residual_multiplier=0.5,
+                    attention_multiplier=1 / 32, logits_scaling=2.0, seed=4),
+    "qwen3_moe": dict(_BASE, arch="Qwen3MoeForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+                      decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6, seed=5),
+    # sandwich norms, sqrt(d_model) embedding scale, soft-capping, sliding window on every other layer
+    "gemma2": dict(_BASE, arch="Gemma2ForCausalLM", head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention"] * 2, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0, tie_word_embeddings=True, rms_norm_eps=1e-6, seed=7),
+    # Gemma 2's sandwich norms with q/k norms, a local rope base on the sliding layers (5 of 6 in
+    # Gemma 3; 3 of 4 here); HF's config class for the text model is Gemma3TextConfig
+    "gemma3": dict(_BASE, arch="Gemma3ForCausalLM", config="Gemma3TextConfig", head_dim=32, query_pre_attn_scalar=32,
+                   sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                   tie_word_embeddings=True, rms_norm_eps=1e-6, seed=10,
+                   initializer_range=0.05),  # at 0.2 its greedy text repeats one token: some writes changed nothing
+    # OLMo 2's post-norm layer (norms on the sub-layers' outputs), sliding window on three layers of four
+    "olmo3": dict(_BASE, arch="Olmo3ForCausalLM", sliding_window=8,
+                  layer_types=["sliding_attention"] * 3 + ["full_attention"], seed=8),
 }
 _VERSION = 2  # bump to rebuild cached models
 
@@ -102,7 +129,7 @@ def build_tiny_model(arch: str = "llama", root: str | os.PathLike | None = None)
     seed = spec.pop("seed")
     arch_name = spec.pop("arch")
     model_cls = getattr(transformers, arch_name)
-    config_cls = getattr(transformers, arch_name.replace("ForCausalLM", "Config"))
+    config_cls = getattr(transformers, spec.pop("config", None) or arch_name.replace("ForCausalLM", "Config"))
     tokenizer = _train_tokenizer(min(spec["vocab_size"], 1000))
     cfg = config_cls(**spec, bos_token_id=0, eos_token_id=1, pad_token_id=2, torch_dtype="float32")
     torch.manual_seed(seed)

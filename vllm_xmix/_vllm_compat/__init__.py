@@ -8,6 +8,8 @@ component it patches. Each patch wraps the original (kept as ``__wrapped__``), i
   checked when it is added, written in canonical form, and salted for the prefix cache;
 * :mod:`.model_construction` -- decoder-layer and model ``__init__`` of each adapter's classes:
   the hooks are installed at construction, before Dynamo traces the model;
+* :mod:`.fused_moe` -- a ``FusedMoE`` runner's ``gate``: taken out where a router hook is
+  deployed, so the MoE block computes its router logits in the model's graph;
 * :mod:`.model_runner` -- V1 and V2 ``GPUModelRunner`` (``execute_model``, ``_prepare_inputs`` /
   ``prepare_inputs``, ``_dummy_run``, ``sample_tokens``): the request registry, the per-step fill
   and the read values' copy-out;

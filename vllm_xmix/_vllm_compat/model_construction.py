@@ -1,7 +1,9 @@
 """Model construction: the ``__init__`` of each adapter's decoder-layer and model classes
 (exact type only: EAGLE/MTP subclasses are left alone) is wrapped so that the adapter installs
 its hooks at construction, before Dynamo traces the model; the first layer built creates the
-model instance's runtime state (:func:`vllm_xmix.runtime.get_or_create_state`)."""
+model instance's runtime state (:func:`vllm_xmix.runtime.get_or_create_state`). A family whose
+MoE block hands its router to ``FusedMoE`` gets the gate back out on layers with a deployed router
+hook (:func:`.fused_moe.take_gate_out`) before the hooks are installed."""
 
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ def _patch_init(cls, after) -> None:
 
 def patch_layer_classes() -> None:
     from ..adapters import ADAPTERS
+    from ..adapters.base import submodule
+    from ..spec import ROUTER_HOOK
+    from .fused_moe import take_gate_out
 
     for adapter in ADAPTERS:
 
@@ -52,7 +57,12 @@ def patch_layer_classes() -> None:
             if state is not None:
                 from vllm.model_executor.models.utils import extract_layer_index
 
-                adapter.install(layer, state, extract_layer_index(prefix))
+                idx = extract_layer_index(prefix)
+                if adapter.gate_in_experts and state.site_id(idx, ROUTER_HOOK) is not None:
+                    experts = submodule(layer, adapter.gate_in_experts)
+                    if experts is not None:  # (a dense layer: no router, the self-check names the site)
+                        take_gate_out(experts)
+                adapter.install(layer, state, idx)
 
         def model_built(model, prefix, vllm_config, adapter=adapter):
             state = get_state_from_config(vllm_config)  # created by the model's first layer

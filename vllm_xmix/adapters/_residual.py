@@ -1,6 +1,8 @@
-"""Hook points of a pre-norm decoder layer on vLLM's fused residual stream.
+"""Hook points on a decoder layer's residual stream, placed from a family's declaration
+(:class:`.base.DecoderAdapter`).
 
-Llama, Qwen2/Qwen3 and Mixtral layers in vLLM 0.26 share one body::
+Most vLLM 0.26 decoder layers (Llama, Mistral, Qwen2/3, Phi-3, Mixtral, Qwen3-MoE)
+share one body, the :data:`.base.PAIR` stream::
 
     if residual is None: residual = h; h = input_layernorm(h)          # layer 0
     else:                h, residual = input_layernorm(h, residual)     # fused add + norm
@@ -17,17 +19,25 @@ hook               value (TransformerLens meaning)        write goes to
 =================  =====================================  =====================================
 hook_resid_pre     stream entering layer L                ``residual`` argument of layer L
                    (= resid_post[L-1]; L=0: embeddings)   (L=0: ``hidden_states``, the embeddings)
-hook_attn_out      attention output (after o_proj)        ``self_attn`` output
-hook_resid_mid     resid_pre + attn_out                   ``residual`` argument of
-                                                          ``post_attention_layernorm``
-hook_mlp_out       MLP / MoE output                       ``mlp`` output
+hook_attn_out      what the attention adds to the stream  output of the ``attn_out`` module
+hook_resid_mid     resid_pre + attn_out                   ``residual`` argument of the
+                                                          ``resid_mid`` norm
+hook_mlp_out       what the MLP / MoE adds to the stream  output of the ``mlp_out`` module
 hook_resid_post    resid_mid + mlp_out                    ``residual`` output of layer L
 =================  =====================================  =====================================
 
+Gemma 2/3 keep this body with sandwich norms: ``attn_out`` / ``mlp_out`` are then the outputs of
+the norms after attention and MLP, and ``resid_mid`` is the residual of
+``pre_feedforward_layernorm``. A :data:`.base.SINGLE` layer (Granite, OLMo 3) carries the stream
+as one tensor: ``resid_pre`` / ``resid_post`` are its input / output, ``resid_mid`` the input of
+the first module after the attention's addition (written in place, since the layer keeps that
+tensor as its residual too).
+
 For ``add`` a write at hook_attn_out and one at hook_resid_mid change the stream identically
-(likewise mlp_out and resid_post, and resid_post[L] and resid_pre[L+1]); they differ for reads
-and for projections (ablate, clamp), which see the hook's whole value (``hidden + residual`` for
-the ``hook_resid_*`` hooks; the op receives the other half as ``other``).
+(likewise mlp_out and resid_post, and resid_post[L] and resid_pre[L+1]) unless the layer scales
+the sub-layer's output before adding it (Granite); they differ for reads and for projections
+(ablate, clamp), which see the hook's whole value (``hidden + residual`` for the
+``hook_resid_*`` hooks of a pair stream; the op receives the other half as ``other``).
 """
 
 from __future__ import annotations
@@ -100,21 +110,40 @@ def _write(module, t: torch.Tensor, other: torch.Tensor | None, site: int,
     return t
 
 
-def _resid_pre(site: int, fused, module, args, kwargs):
-    if len(args) >= 3:
-        hidden_states, residual = args[1], args[2]
-    else:
-        hidden_states = args[1] if len(args) >= 2 else kwargs["hidden_states"]
-        residual = kwargs.get("residual")
+def _resid_pre(site: int, fused, module, args, kwargs, *, where: tuple[int, int]):
+    """Pre-hook of a :data:`.base.PAIR` layer: ``where`` = positions of ``hidden_states`` and
+    ``residual`` in its ``forward``."""
+    hi, ri = where
+    hidden_states = args[hi] if len(args) > hi else kwargs["hidden_states"]
+    residual = args[ri] if len(args) > ri else kwargs.get("residual")
     if residual is None:  # layer 0: the stream is the embeddings
-        new, i, key = _write(module, hidden_states, None, site, fused), 1, "hidden_states"
+        new, i, key = _write(module, hidden_states, None, site, fused), hi, "hidden_states"
     else:
-        new, i, key = _write(module, residual, hidden_states, site, fused), 2, "residual"
+        new, i, key = _write(module, residual, hidden_states, site, fused), ri, "residual"
     if len(args) > i:
         args = args[:i] + (new,) + args[i + 1:]
     else:
         kwargs = {**kwargs, key: new}
     return args, kwargs
+
+
+def _single_pre(site: int, fused, module, args, kwargs, *, where: tuple[int, int]):
+    """Pre-hook of a :data:`.base.SINGLE` layer: its ``hidden_states`` argument is the stream."""
+    hi = where[0]
+    if len(args) > hi:
+        return args[:hi] + (_write(module, args[hi], None, site, fused),) + args[hi + 1:], kwargs
+    return args, {**kwargs, "hidden_states": _write(module, kwargs["hidden_states"], None, site, fused)}
+
+
+def _single_mid(site: int, fused, module, args):
+    """Pre-hook on the first module after a :data:`.base.SINGLE` layer's attention addition: its
+    input is also the layer's residual, so the write lands in place (a fused write is copied
+    back)."""
+    x = args[0]
+    new = _write(module, x, None, site, fused)
+    if new is not x:
+        x.copy_(new)
+    return None
 
 
 def _component_out(site: int, fused, module, args, output):
@@ -127,6 +156,8 @@ def _resid_mid(site: int, fused, module, args):
 
 
 def _resid_post(site: int, fused, module, args, output):
+    if isinstance(output, torch.Tensor):  # a SINGLE layer returns the stream
+        return _write(module, output, None, site, fused)
     hidden_states, residual = output
     return hidden_states, _write(module, residual, hidden_states, site, fused)
 
@@ -163,21 +194,41 @@ def _install_norm(norm: torch.nn.Module, state, site_a: int | None, site_b: int 
     state.installed.update(s for s in sites if s >= 0)
 
 
-def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, *, attn: str = "self_attn",
-                           mlp: str = "mlp", norm1: str = "input_layernorm",
-                           norm2: str = "post_attention_layernorm") -> None:
-    """Register forward (pre-)hooks for every deployed residual-stream site of this layer.
+def submodule(root: torch.nn.Module, path: str) -> torch.nn.Module | None:
+    """``root``'s submodule at the dotted ``path`` (None where a part is missing)."""
+    m = root
+    for part in path.split("."):
+        m = getattr(m, part, None)
+        if m is None:
+            return None
+    return m
+
+
+def _module(layer: torch.nn.Module, path: str, what: str) -> torch.nn.Module:
+    m = submodule(layer, path)
+    if not isinstance(m, torch.nn.Module):
+        raise RuntimeError(f"vllm_xmix: {type(layer).__name__} has no module {path!r} ({what})")
+    return m
+
+
+def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, ad) -> None:
+    """Register forward (pre-)hooks for every deployed residual-stream site of this layer, where
+    the family's declaration ``ad`` (:class:`.base.DecoderAdapter`) places them.
 
     Only sites that some deployed app uses get a hook (and an op in the graph). Order at one
     boundary: resid_post[L] then resid_pre[L+1]; inside a layer: attn_out, resid_mid, mlp_out.
-    With ``fused_writes="norm"`` the sites that a fused residual add + RMSNorm consumes are
-    hooked at that norm instead (:func:`_install_norm`): resid_post[L-1] and resid_pre[L] at
-    this layer's ``norm1``, resid_mid[L] at ``norm2``; resid_pre[0] and the last layer's
-    resid_post keep their hooks (no such norm follows them inside a layer).
+    With ``fused_writes="norm"`` on a pair stream the sites that a fused residual add + RMSNorm
+    consumes are hooked at that norm instead (:func:`_install_norm`): resid_post[L-1] and
+    resid_pre[L] at this layer's input norm, resid_mid[L] at the ``resid_mid`` norm; resid_pre[0]
+    and the last layer's resid_post keep their hooks (no such norm follows them inside a layer).
+    Raises RuntimeError if a declared module is missing (a declaration that does not fit).
     """
-    at_norm = state.layout.deployment.fused_writes == "norm"
-    n1, n2 = getattr(layer, norm1, None), getattr(layer, norm2)
+    pair = ad.stream == "pair"
+    at_norm = state.layout.deployment.fused_writes == "norm" and pair
+    n1 = submodule(layer, ad.input_norm) if pair else None
+    n2 = _module(layer, ad.resid_mid, "hook_resid_mid")
     n1_ok, n2_ok = at_norm and fusable_norm(n1), at_norm and fusable_norm(n2)
+    pre_fn = functools.partial(_resid_pre if pair else _single_pre, where=ad.args)
     if n1_ok and layer_idx >= 1:
         a, b = state.site_id(layer_idx - 1, "hook_resid_post"), state.site_id(layer_idx, "hook_resid_pre")
         if a is not None or b is not None:
@@ -185,7 +236,7 @@ def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, *, att
     elif at_norm and layer_idx >= 1:  # the previous layer left its resid_post to this norm, which cannot host it
         a = state.site_id(layer_idx - 1, "hook_resid_post")
         if a is not None and a not in state.installed:
-            layer.register_forward_pre_hook(functools.partial(_resid_pre, a, ((), 0)), with_kwargs=True)
+            layer.register_forward_pre_hook(functools.partial(pre_fn, a, ((), 0)), with_kwargs=True)
             state.installed.add(a)
     if n2_ok:
         m = state.site_id(layer_idx, "hook_resid_mid")
@@ -208,11 +259,32 @@ def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, *, att
             module.register_forward_hook(f)
         state.installed.add(s)
 
-    hook("hook_resid_pre", layer, _resid_pre, pre=True, with_kwargs=True)
-    hook("hook_attn_out", getattr(layer, attn), _component_out, pre=False)
-    hook("hook_resid_mid", getattr(layer, norm2), _resid_mid, pre=True)
-    hook("hook_mlp_out", getattr(layer, mlp), _component_out, pre=False)
+    hook("hook_resid_pre", layer, pre_fn, pre=True, with_kwargs=True)
+    hook("hook_attn_out", _module(layer, ad.attn_out, "hook_attn_out"), _component_out, pre=False)
+    hook("hook_resid_mid", n2, _resid_mid if pair else _single_mid, pre=True)
+    hook("hook_mlp_out", _module(layer, ad.mlp_out, "hook_mlp_out"), _component_out, pre=False)
     hook("hook_resid_post", layer, _resid_post, pre=False)
+
+
+def _router_hook(site: int, module, args, output):
+    logits = output[0] if isinstance(output, tuple) else output
+    torch.ops.vllm_xmix.hook_write_(logits, None, site, 0)
+    return output
+
+
+def install_router_hook(layer: torch.nn.Module, state, layer_idx: int, path: str) -> None:
+    """``mlp.hook_router_logits`` of this layer, if deployed: a forward hook on the module at
+    ``path`` whose output (first element) is the router logits ``[T, n_experts]``, before the
+    softmax / top-k that vLLM's MoE op fuses; the write changes them in place, so routing follows.
+    A layer without that module (a dense layer of a MoE model) installs nothing, and the
+    self-check (``XmixState.verify_hooks_fired``) names the site."""
+    from ..spec import ROUTER_HOOK
+
+    site = state.site_id(layer_idx, ROUTER_HOOK)
+    gate = submodule(layer, path)
+    if site is not None and gate is not None:
+        gate.register_forward_hook(functools.partial(_router_hook, site))
+        state.installed.add(site)
 
 
 def _note_tokens(module, args, output):

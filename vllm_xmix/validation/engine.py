@@ -137,6 +137,26 @@ def validate_for_model(dep, archs: list[str], hf_config) -> None:
         reserved_sites(dep, text.num_hidden_layers, set())  # layers in range
     validate_deployment(dep, text.num_hidden_layers, text.hidden_size, n_experts(text),
                         getattr(text, "vocab_size", None))
+    if adapter is not None and adapter.router is not None:
+        _check_router_layers(dep, adapter, archs[0], text)
+
+
+def _check_router_layers(dep, adapter, arch: str, text) -> None:
+    """A router hook only at layers that have a router (a MoE model's dense layers have none)."""
+    from ..spec import ROUTER_HOOK
+    from ..spec.deployment import resolve_layers
+
+    have = list(adapter.router_layers(text))
+    for ai, app in enumerate(dep.apps):
+        for oi, op in enumerate(app.ops):
+            if op.hook != ROUTER_HOOK:
+                continue
+            f = f"additional_config.xmix.apps.{ai}({app.name}).ops.{oi}.layers"
+            bad = [L for L in resolve_layers(op.layers, text.num_hidden_layers, f) if L not in have]
+            if bad:
+                raise XmixSpecError(
+                    f"{f}: layer {bad[0]} of {arch} has a dense MLP, no router "
+                    f"(layers with a router: {have}); list those layers instead of {op.layers!r}")
 
 
 def envs_plugins_exclude_xmix() -> bool:
