@@ -3,7 +3,8 @@
 ``torch.ops.vllm_xmix.hook_write_(h, other, site, fused)``: apply every write deployed at hook site ``site``
 (an index into the model's :class:`~vllm_xmix.runtime.XmixState`) to ``h`` ``[T, d_model]`` in
 place, then every read deployed there (into the state's persistent ``out`` buffer: reads see the
-hook's value after its writes), then the latches its reads set (``cond(latch=...)``). It declares ``mutates_args=["h"]`` so torch.compile keeps it and orders it (an op with no
+hook's value after its writes), then the latches its reads set (``cond(latch=...)``).
+It declares ``mutates_args=["h"]`` so torch.compile keeps it and orders it (an op with no
 declared mutation and no used output is dead-code eliminated, see research notes section 3.1),
 and it is opaque to Dynamo/Inductor. The per-step data it reads (``tok_slot``, ``coef``) is found
 through vLLM's forward context at call time, not traced as globals, so the AOT compile cache

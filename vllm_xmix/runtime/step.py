@@ -3,8 +3,8 @@ token of the step belongs to, and the coefficient rows of requests that got a sl
 
 Per step, on the forward's stream: ``tok_slot[:n]`` int32 (and with fused writes ``tok_fc[:n]``,
 with conditions ``tok_pos[:n]``) is uploaded from a pinned staging ring, and the coefficient rows
-of new slots with ``index_copy_`` (their latches, ``cond(latch=...)``, are reset to "never"). Nothing here reads device data back, so async scheduling keeps
-its overlap. The step's run mask (graph variant) is chosen here too.
+of new slots with ``index_copy_`` (their latches, ``cond(latch=...)``, are reset to "never").
+Nothing here reads device data back, so async scheduling keeps its overlap. The step's run mask (graph variant) is chosen here too.
 """
 
 from __future__ import annotations
