@@ -27,24 +27,25 @@ PROMPT_C = [int(x) for x in np.random.default_rng(23).integers(3, 1000, size=33)
 
 
 @torch.no_grad()
-def hf_latch(hf, prompt, w, thr, n=N, stale=None):
+def hf_latch(hf, prompt, w, thr, n=N, stale=None, read_layers=(LAYER,)):
     """Greedy decoding with the latch by full recompute: per forward, the probe ``x @ w`` at
     ``blocks.LAYER.hook_resid_post`` over the sequence, its first position ``q`` above ``thr``,
     and ``SCALE * V`` added at ``blocks.{WRITE_LAYERS}.hook_resid_post`` to positions ``>= q``
     (``stale``: a position the latch holds from the start, what a latch left over from an
-    earlier request would do). Returns (generated tokens, probe values float64 ``[P + n - 1]``
-    of the final forward over prompt + generated[:-1], the latch position or None)."""
+    earlier request would do; ``read_layers``: the probe's layers, the latch is the first
+    crossing at any of them). Returns (generated tokens, probe values float64 ``[P + n - 1]``
+    of the final forward over prompt + generated[:-1] (a dict by layer for several layers), the
+    latch position or None)."""
     state = {}
     wt = torch.from_numpy(np.asarray(w, dtype=np.float32))
     dt = torch.from_numpy((np.float32(SCALE) * V).astype(np.float32))
 
-    def probe(x):
+    def probe(x, L):
         vals = (x[0].float() @ wt)
-        state["vals"] = vals.numpy().astype(np.float64)
+        state.setdefault("vals", {})[L] = vals.numpy().astype(np.float64)
         hit = np.flatnonzero(vals.numpy() > np.float32(thr))
-        state["q"] = int(hit[0]) if hit.size else None
-        if stale is not None:
-            state["q"] = stale if state["q"] is None else min(stale, state["q"])
+        cands = [q for q in (state.get("q"), int(hit[0]) if hit.size else None, stale) if q is not None]
+        state["q"] = min(cands) if cands else None
         return torch.zeros_like(x)
 
     def latched(x):
@@ -53,16 +54,21 @@ def hf_latch(hf, prompt, w, thr, n=N, stale=None):
             mask[state["q"]:] = 1.0
         return mask * dt
 
-    handles = hf._register(LAYER, "hook_resid_post", probe)
+    handles = []
+    for L in read_layers:
+        handles += hf._register(L, "hook_resid_post", lambda x, L=L: probe(x, L))
     for L in WRITE_LAYERS:
         handles += hf._register(L, "hook_resid_post", latched)
     try:
         ids = list(prompt)
         for _ in range(n):
+            state.pop("q", None)
             ids.append(int(hf.model(torch.tensor([ids])).logits[0, -1].argmax()))
         gen = ids[len(prompt):]
+        state.pop("q", None)
         hf.model(torch.tensor([list(prompt) + gen[:-1]]))
-        return gen, state["vals"], state["q"]
+        vals = state["vals"] if len(read_layers) > 1 else state["vals"][read_layers[0]]
+        return gen, vals, state["q"]
     finally:
         for h in handles:
             h.remove()
@@ -110,6 +116,22 @@ def oracle(hf):
             break
     else:
         raise AssertionError("no prompt latches after PROMPT_A's prompt crossing")
+    # a probe at two layers (0 and 1) whose layer-0 values cross first: the latch is the first
+    # crossing at either layer
+    rec = hf.record(PROMPT_C + out["plain_c"][:-1], [(0, "hook_resid_post"), (LAYER, "hook_resid_post")])
+    H0, H1 = (rec[(L, "hook_resid_post")].astype(np.float64) for L in (0, LAYER))
+    for p in range(2, len(PROMPT_C) - 1):  # a direction along layer 0's state at a prompt position
+        w2 = H0[p] - H0[:p].mean(axis=0)
+        w2 = (w2 / np.linalg.norm(w2)).astype(np.float32)
+        v0, v1 = H0 @ w2.astype(np.float64), H1 @ w2.astype(np.float64)
+        thr2 = (v0[p] + v0[:p].max()) / 2
+        if v0[p] - v0[:p].max() > 2e-2 and v1[:p + 1].max() < thr2 - 1e-2:
+            break
+    else:
+        raise AssertionError("no direction that layer 0 crosses before layer 1: change the prompt")
+    gen2, vals2, q2 = hf_latch(hf, PROMPT_C, w2, thr2, read_layers=(0, LAYER))
+    assert q2 == p and gen2 != out["plain_c"]
+    out["two"] = dict(w=w2, gen=gen2, vals=vals2, q=q2, thr=float(thr2))
     # the latch changes the output, from the token the crossing position predicts on
     assert out["prompt"]["gen"][0] != plain[0]
     k = q_gen - P + 1  # the generated token sampled by the forward of position q_gen
@@ -126,6 +148,11 @@ def deployment(o):
         a.read("linear_probe", weight=o["w"], name="probe").layers([LAYER]).on(">", o[case]["thr"], action="latch")
         a.write("add", vector=V, scale=SCALE).layers(WRITE_LAYERS).cond(latch="probe")
         apps.append(a)
+    a = MIApp("latch_two")
+    a.read("linear_probe", weight=o["two"]["w"], name="probe").layers([0, LAYER]).on(">", o["two"]["thr"],
+                                                                                   action="latch")
+    a.write("add", vector=V, scale=SCALE).layers(WRITE_LAYERS).cond(latch="probe")
+    apps.append(a)
     return deploy(*apps)
 
 
@@ -157,9 +184,10 @@ def sp(apps, **kw):
 
 def test_latched_write_equals_hf_from_the_crossing_on(engine, oracle):
     o = oracle
-    prompts = [PROMPT_A, PROMPT_B, PROMPT_A, PROMPT_C]
+    prompts = [PROMPT_A, PROMPT_B, PROMPT_A, PROMPT_C, PROMPT_C]
     outs = engine.generate([{"prompt_token_ids": p} for p in prompts],
-                           [sp(["latch_gen"]), sp([]), sp(["latch_prompt"]), sp([])], use_tqdm=False)
+                           [sp(["latch_gen"]), sp([]), sp(["latch_prompt"]), sp([]), sp(["latch_two"])],
+                           use_tqdm=False)
     assert engine.preempted, "the test setup must force at least one preemption"
     for out, case in ((outs[0], "gen"), (outs[2], "prompt")):
         want = o[case]
@@ -172,6 +200,17 @@ def test_latched_write_equals_hf_from_the_crossing_on(engine, oracle):
     # the requests without apps beside them are untouched
     assert list(outs[1].outputs[0].token_ids) == o["plain_b"]
     assert list(outs[3].outputs[0].token_ids) == o["plain_c"]
+    # a read at two layers: each layer's first crossing is recorded, the latch is the earlier one
+    two, res = o["two"], outs[4].mi_results["latch_two"]
+    assert list(outs[4].outputs[0].token_ids) == two["gen"]
+    firsts = {}
+    for L in (0, LAYER):
+        np.testing.assert_allclose(res["probe"][L], two["vals"][L], rtol=1e-4, atol=1e-4)
+        hit = np.flatnonzero(two["vals"][L].astype(np.float32) > np.float32(two["thr"]))
+        if hit.size:
+            firsts[L] = int(hit[0])
+    assert firsts[0] == two["q"] and firsts.get(LAYER, 10**9) > two["q"]
+    assert sorted((t["layer"], t["position"]) for t in res["triggers"]) == sorted(firsts.items())
 
 
 def test_latch_alone_and_after_a_slot_is_reused(engine, oracle):
