@@ -426,21 +426,25 @@ def make_cond_state(device, seed=0):
     bitmaps = (torch.rand(2, V, generator=g) > 0.5).to(torch.int8)
     out = torch.randn(T + 2, 3, generator=g)
     req_mean = torch.randn(S, 2, generator=g)
+    # latch positions (slot 1: from 5 on, slot 2: never, slot 3: from 10 on; latch 1: slot 1 from 0)
+    latch_pos = torch.tensor([[2**31 - 1, 2**31 - 1], [5, 0], [2**31 - 1, 2**31 - 1], [10, 2**31 - 1]],
+                             dtype=torch.int32)
     # entries: (ckind, cidx, op, gen, thr)
     cond_host = [(0, 0, 0, 0, 0.0), (1, 0, 0, 0, 0.0), (2, 1, 0, 1, 0.0), (3, 2, 1, 0, 0.1), (4, 1, 2, 0, 0.3),
-                 (1, 1, 0, 1, 0.0), (3, 0, 3, 1, -0.2)]
+                 (1, 1, 0, 1, 0.0), (3, 0, 3, 1, -0.2), (5, 0, 0, 0, 0.0), (5, 1, 0, 1, 0.0)]
     E = len(cond_host)
     coef = torch.randn(S, E, generator=g)
     coef[0] = 0
-    entries = [6, 0, 1, 2, 3, 4, 5]
-    kinds = [0, 1, 0, 1, 0, 0, 1]
+    entries = [6, 0, 1, 2, 7, 3, 4, 5, 8]
+    kinds = [0, 1, 0, 1, 0, 0, 1, 0, 1]
     values = torch.randn(E, generator=g).tolist()
     vec = torch.nn.functional.normalize(torch.randn(E, D, generator=g), dim=1)
     h = torch.randn(T, D, generator=g)
     other = torch.randn(T, D, generator=g)
     mv = lambda x: x.to(device)  # noqa: E731
     st = dict(tok_slot=mv(tok_slot), tok_pos=mv(tok_pos), slot_plen=mv(slot_plen), tok_cur=mv(tok_cur),
-              tok_prev=mv(tok_prev), bitmaps=mv(bitmaps), out=mv(out), req_mean=mv(req_mean))
+              tok_prev=mv(tok_prev), bitmaps=mv(bitmaps), out=mv(out), req_mean=mv(req_mean),
+              latch_pos=mv(latch_pos))
     return T, st, cond_host, mv(coef), entries, kinds, values, mv(vec), mv(h), mv(other)
 
 
@@ -449,7 +453,7 @@ def test_gate_reference_matches_definition():
 
     T, st, cond_host, coef, entries, kinds, values, vec, h, other = make_cond_state("cpu")
     got = gate_reference(T, entries, cond_host, st["tok_slot"], st["tok_pos"], st["slot_plen"], st["tok_cur"],
-                         st["tok_prev"], st["bitmaps"], st["out"], st["req_mean"])
+                         st["tok_prev"], st["bitmaps"], st["out"], st["req_mean"], st["latch_pos"])
     ops = [lambda a, b: a > b, lambda a, b: a >= b, lambda a, b: a < b, lambda a, b: a <= b]
     for t in range(T):
         s, pos = int(st["tok_slot"][t]), int(st["tok_pos"][t])
@@ -466,6 +470,8 @@ def test_gate_reference_matches_definition():
                 want = ops[op](float(st["out"][t, idx]), thr)
             elif ck == 4:
                 want = ops[op](float(st["req_mean"][s, idx]), thr) and pos >= P - 1
+            elif ck == 5:
+                want = pos >= int(st["latch_pos"][s, idx])
             if ck and gen:
                 want = want and pos >= P
             assert float(got[t, i]) == float(want), (t, e)
@@ -480,7 +486,7 @@ def _cond_triton_check(device: str) -> None:
 
     T, st, cond_host, coef, entries, kinds, values, vec, h, other = make_cond_state(device, seed=4)
     mult = gate_reference(T, entries, cond_host, st["tok_slot"], st["tok_pos"], st["slot_plen"], st["tok_cur"],
-                          st["tok_prev"], st["bitmaps"], st["out"], st["req_mean"])
+                          st["tok_prev"], st["bitmaps"], st["out"], st["req_mean"], st["latch_pos"])
     want = h.clone()
     row_write_reference(want, other, st["tok_slot"], coef, entries, kinds, values, vec, mult=mult)
     got = h.clone()
@@ -523,6 +529,86 @@ def test_cond_triton_cuda():
 
 def test_cond_triton_interpreter():
     run_interpreted("_cond_triton_check")
+
+
+# ------------------------------------------------------------------ latch.py (cond(latch=...))
+
+
+def make_latch_inputs(device, seed=0):
+    """Two steps of tokens of three requests (slots 1-3; slot 1 in two chunks), four read entries
+    (two of them latch 0 and 1 of the same read at two layers: both lower latch 0)."""
+    g = torch.Generator().manual_seed(seed)
+    T, S = 13, 5
+    tok_slot = torch.tensor([1, 1, 1, 1, 0, 2, 2, 3, 3, 3, 3, 0, 2, 0, 0], dtype=torch.int32)
+    tok_pos = torch.tensor([4, 5, 6, 7, 0, 0, 1, 20, 21, 22, 23, 0, 2, 0, 0], dtype=torch.int32)
+    out = torch.randn(T + 2, 5, generator=g)
+    E = 6
+    coef = (torch.rand(S, E, generator=g) > 0.2).float()
+    coef[0] = 0
+    coef[3, 4] = 0  # slot 3 has entry 4 off
+    # (latch index, comparison, threshold) per entry; entries 1, 4: no latch (-1)
+    latch_host = [(0, 0, 0.2), (-1, 0, 0.0), (1, 3, -0.5), (0, 1, 0.9), (-1, 0, 0.0), (1, 2, 0.1)]
+    cols = [0, 1, 2, 3, 4, 1]
+    entries = [0, 2, 3, 5]
+    latch_pos = torch.full((S, 2), 2**31 - 1, dtype=torch.int32)
+    latch_pos[3, 0] = 21  # set by an earlier step: a later crossing does not raise it
+    mv = lambda x: x.to(device)  # noqa: E731
+    return T, mv(out), mv(tok_slot), mv(tok_pos), mv(coef), entries, latch_host, cols, mv(latch_pos)
+
+
+def latch_definition(T, out, tok_slot, tok_pos, coef, entries, latch_host, cols, latch_pos):
+    """The module docstring's plain loop."""
+    ops = [lambda a, b: a > b, lambda a, b: a >= b, lambda a, b: a < b, lambda a, b: a <= b]
+    want = latch_pos.clone()
+    for t in range(T):
+        s = int(tok_slot[t])
+        for e in entries:
+            k, op, thr = latch_host[e]
+            v = torch.tensor([float(out[t, cols[e]])], dtype=torch.float32)
+            if s != 0 and float(coef[s, e]) != 0 and bool(ops[op](v, thr)):
+                want[s, k] = min(int(want[s, k]), int(tok_pos[t]))
+    return want
+
+
+def test_latch_reference_matches_definition():
+    from vllm_xmix.kernels.latch import latch_set_reference
+
+    for seed in range(4):
+        T, out, tok_slot, tok_pos, coef, entries, latch_host, cols, latch_pos = make_latch_inputs("cpu", seed)
+        want = latch_definition(T, out, tok_slot, tok_pos, coef, entries, latch_host, cols, latch_pos)
+        got = latch_pos.clone()
+        latch_set_reference(out, tok_slot, tok_pos, coef, entries, latch_host, cols, got, T)
+        assert torch.equal(got, want), seed
+        assert got[0].eq(2**31 - 1).all()  # the null slot never latches
+    assert not torch.equal(got, latch_pos)  # the cases set some latches
+    empty = latch_pos.clone()
+    latch_set_reference(out, tok_slot, tok_pos, coef, entries, latch_host, cols, empty, 0)
+    assert torch.equal(empty, latch_pos)
+
+
+def _latch_triton_check(device: str) -> None:
+    from vllm_xmix.kernels.latch import latch_set_reference, latch_set_triton
+
+    for seed in range(3):
+        T, out, tok_slot, tok_pos, coef, entries, latch_host, cols, latch_pos = make_latch_inputs(device, seed)
+        want = latch_pos.clone()
+        latch_set_reference(out, tok_slot, tok_pos, coef, entries, latch_host, cols, want, T)
+        got = latch_pos.clone()
+        dev = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
+        latch_set_triton(out, tok_slot, tok_pos, coef, dev(entries, torch.int32),
+                         dev([[k, op] for k, op, _ in latch_host], torch.int32),
+                         dev([thr for *_, thr in latch_host], torch.float32), dev(cols, torch.int32), got, T)
+        assert torch.equal(got, want), (seed, got, want)
+        assert not torch.equal(got, latch_pos)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_latch_triton_cuda():
+    _latch_triton_check("cuda")
+
+
+def test_latch_triton_interpreter():
+    run_interpreted("_latch_triton_check")
 
 
 # ------------------------------------------------------------------ add_rms_norm (writes inside the norm)

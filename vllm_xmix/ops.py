@@ -3,7 +3,8 @@
 ``torch.ops.vllm_xmix.hook_write_(h, other, site, fused)``: apply every write deployed at hook site ``site``
 (an index into the model's :class:`~vllm_xmix.runtime.XmixState`) to ``h`` ``[T, d_model]`` in
 place, then every read deployed there (into the state's persistent ``out`` buffer: reads see the
-hook's value after its writes). It declares ``mutates_args=["h"]`` so torch.compile keeps it and orders it (an op with no
+hook's value after its writes), then the latches its reads set (``cond(latch=...)``).
+It declares ``mutates_args=["h"]`` so torch.compile keeps it and orders it (an op with no
 declared mutation and no used output is dead-code eliminated, see research notes section 3.1),
 and it is opaque to Dynamo/Inductor. The per-step data it reads (``tok_slot``, ``coef``) is found
 through vLLM's forward context at call time, not traced as globals, so the AOT compile cache
@@ -88,6 +89,8 @@ def _reads(st, h: torch.Tensor, other: torch.Tensor | None, plan) -> None:
                             lay.flags_host, lay.values_host, lay.vectors, lay.out)
     if plan.req_reads:
         lay.conditions.store_request_values(plan.req_reads, h.shape[0])
+    if plan.latch_reads:  # after the values: the latches of cond(latch=...) writes at later layers
+        lay.conditions.set_latches(plan.latch_reads, plan.latch_idx, h.shape[0], lay.cols_host, lay.cols)
 
 
 def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, site_a: int,

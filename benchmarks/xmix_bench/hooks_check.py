@@ -51,7 +51,7 @@ def main(args) -> int:
 
 def apps_for(cfg: dict) -> list:
     """The check's apps: an add at each hook point, ablation, clamp, router mask (MoE), reads,
-    SEAL- and CAST-style conditional writes."""
+    SEAL- and CAST-style conditional writes, a latch."""
     import numpy as np
 
     from vllm_xmix import MIApp
@@ -114,6 +114,14 @@ def apps_for(cfg: dict) -> list:
     a = MIApp("cast_tok")
     a.read("cosine", weight=c, buffer="sim").layers([7 * n // 32]).submodule("hook_resid_post")
     a.write("add", vector=v, scale=0.5).layers(range(15 * n // 32, 24 * n // 32)).cond(buffer="sim", op=">", threshold=0.0)
+    out.append(a)
+    # a latch (cond(latch=...)): the trigger read's latch kernel and the latched writes' gate in
+    # the graphs; a cosine above -1 crosses at once (position 0), so the writes apply from the
+    # first token on whatever bf16 does (the crossing position itself: tests/test_latch.py on CPU)
+    a = MIApp("latch")
+    a.read("cosine", weight=c, name="sim").layers([7 * n // 32]).submodule("hook_resid_post").on(
+        ">", -1.0, action="latch")
+    a.write("add", vector=v, scale=0.5).layers(range(15 * n // 32, 24 * n // 32)).cond(latch="sim")
     out.append(a)
     if n_exp:
         a = MIApp("router_read")

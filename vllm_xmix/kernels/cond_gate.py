@@ -9,6 +9,7 @@ Gate of write entry ``e`` for token ``t`` (``s = tok_slot[t]``, ``pos = tok_pos[
     ckind[e] == 2 (tokens_prev):   tok_prev[t] >= 0 and bitmaps[cidx[e], tok_prev[t]]
     ckind[e] == 3 (token buffer):  out[t, cidx[e]]  <op[e]>  thr[e]
     ckind[e] == 4 (request):       req_mean[s, cidx[e]]  <op[e]>  thr[e]  and  pos >= P - 1
+    ckind[e] == 5 (latch):         pos >= latch_pos[s, cidx[e]]     # kernels/latch.py sets it
     and, if gen[e]:                pos >= P
 
 ``op``: 0 ``>``, 1 ``>=``, 2 ``<``, 3 ``<=``. The row kernel (``kernels/row_write.py``)
@@ -25,7 +26,8 @@ Token bookkeeping (``note_tokens``), at the embedding, for every token with a no
 Shapes / dtypes: ``tok_slot``, ``tok_pos`` int32 ``[>= T]``; ``slot_plen`` int32 ``[S]``;
 ``tok_cur``, ``tok_prev`` int64 ``[>= T]``; ``hist`` int32 ``[S, L]``; ``bitmaps`` int8
 ``[n_sets, V]``; ``out`` float32 ``[>= T, n_cols]``; ``req_mean`` float32 ``[S, K]``;
-``cond_i`` int32 ``[E_total, 4]`` (ckind, cidx, op, gen); ``cond_thr`` float32 ``[E_total]``.
+``latch_pos`` int32 ``[S, K_latch]``; ``cond_i`` int32 ``[E_total, 4]`` (ckind, cidx, op, gen);
+``cond_thr`` float32 ``[E_total]``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ if HAS_TRITON:
 
     @triton.jit
     def cond_gate(t, slot, e, cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr, tok_cur_ptr, tok_prev_ptr,
-                  bitmap_ptr, V, out_ptr, stride_out, mean_ptr, stride_mean):
+                  bitmap_ptr, V, out_ptr, stride_out, mean_ptr, stride_mean, latch_ptr, stride_latch):
         """The gate (float32 0/1) of entry ``e`` for token ``t`` of slot ``slot``."""
         ck = tl.load(cond_i_ptr + e * 4)
         g = tl.full([], 1.0, tl.float32)  # a typed scalar: it is reassigned under runtime branches
@@ -55,6 +57,8 @@ if HAS_TRITON:
                 prev = tl.load(tok_prev_ptr + t)
                 hit = tl.load(bitmap_ptr + idx * V + tl.maximum(prev, 0)) != 0
                 g = (hit & (prev >= 0)).to(tl.float32)
+            elif ck == 5:
+                g = (pos >= tl.load(latch_ptr + slot * stride_latch + idx)).to(tl.float32)
             else:
                 if ck == 3:
                     v = tl.load(out_ptr + t * stride_out + idx)
@@ -94,9 +98,9 @@ _OPS = (torch.gt, torch.ge, torch.lt, torch.le)
 
 
 def gate_reference(T: int, entries: list[int], cond_host: list[tuple[int, int, int, int, float]], tok_slot, tok_pos,
-                   slot_plen, tok_cur, tok_prev, bitmaps, out, req_mean) -> torch.Tensor:
+                   slot_plen, tok_cur, tok_prev, bitmaps, out, req_mean, latch_pos=None) -> torch.Tensor:
     """``[T, len(entries)]`` float32 gate (torch ops, static shapes). ``cond_host[e]`` =
-    (ckind, cidx, op, gen, thr)."""
+    (ckind, cidx, op, gen, thr); ``latch_pos`` int32 ``[S, K_latch]`` (latched entries only)."""
     slot = tok_slot[:T].long()
     pos = tok_pos[:T].long()
     plen = slot_plen[slot].long()
@@ -113,6 +117,8 @@ def gate_reference(T: int, entries: list[int], cond_host: list[tuple[int, int, i
             g = (bitmaps[idx][prev.clamp(min=0)] != 0) & (prev >= 0)
         elif ck == 3:
             g = _OPS[op](out[:T, idx], thr)
+        elif ck == 5:
+            g = pos >= latch_pos[slot, idx].long()
         else:
             g = _OPS[op](req_mean[slot, idx], thr) & (pos >= plen - 1)
         if gen:

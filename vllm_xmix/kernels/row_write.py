@@ -41,7 +41,7 @@ if HAS_TRITON:
     def _row_write_kernel(h_ptr, stride_h, o_ptr, stride_o, tok_slot_ptr, coef_ptr, stride_coef, entries_ptr,
                           kinds_ptr, values_ptr, vec_ptr, stride_vec, mult_ptr, stride_mult, n_entries, D,
                           cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr, tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V,
-                          out_ptr, stride_out, mean_ptr, stride_mean,
+                          out_ptr, stride_out, mean_ptr, stride_mean, latch_ptr, stride_latch,
                           HAS_OTHER: tl.constexpr, HAS_MULT: tl.constexpr, HAS_COND: tl.constexpr,
                           BLOCK_D: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
@@ -55,7 +55,8 @@ if HAS_TRITON:
             if HAS_COND:
                 if c != 0.0:  # conditions (kernels/cond_gate.py), only for tokens with the entry on
                     c = c * cond_gate(t, slot, e, cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr, tok_cur_ptr,
-                                      tok_prev_ptr, bitmap_ptr, V, out_ptr, stride_out, mean_ptr, stride_mean)
+                                      tok_prev_ptr, bitmap_ptr, V, out_ptr, stride_out, mean_ptr, stride_mean,
+                                      latch_ptr, stride_latch)
             if c != 0.0:
                 kind = tl.load(kinds_ptr + e)
                 coeff = c
@@ -108,7 +109,7 @@ def row_write_triton(h, other, tok_slot, coef, entries_dev, kinds_dev, values_de
                      mult: torch.Tensor | None = None, cond: dict | None = None) -> None:
     """``mult``: an explicit ``[T, E]`` gate; ``cond``: evaluate the conditions in the kernel
     (dict of the tensors of :mod:`.cond_gate`: cond_i, cond_thr, tok_pos, slot_plen, tok_cur,
-    tok_prev, bitmaps, out, req_mean)."""
+    tok_prev, bitmaps, out, req_mean, latch_pos)."""
     T, D = h.shape
     if T == 0:
         return
@@ -120,9 +121,10 @@ def row_write_triton(h, other, tok_slot, coef, entries_dev, kinds_dev, values_de
     pos, plen = c.get("tok_pos", tok_slot), c.get("slot_plen", tok_slot)
     cur, prev = c.get("tok_cur", tok_slot), c.get("tok_prev", tok_slot)
     bm, out, mean = c.get("bitmaps", kinds_dev), c.get("out", coef), c.get("req_mean", coef)
+    latch = c.get("latch_pos", tok_slot.view(1, -1))
     _row_write_kernel[(T,)](h, h.stride(0), o, o.stride(0), tok_slot, coef, coef.stride(0), entries_dev, kinds_dev,
                             values_dev, vectors, vectors.stride(0), m, m.stride(0), entries_dev.shape[0], D,
                             ci, cthr, pos, plen, cur, prev, bm, bm.shape[-1] if bm.dim() == 2 else 0,
-                            out, out.stride(0), mean, mean.stride(0),
+                            out, out.stride(0), mean, mean.stride(0), latch, latch.stride(0),
                             HAS_OTHER=other is not None, HAS_MULT=mult is not None, HAS_COND=cond is not None,
                             BLOCK_D=min(block_d, triton.next_power_of_2(D)))

@@ -17,7 +17,9 @@ bake addresses).
   one column, a capture the hook's width);
 * ``tok_fc``    float32 ``[max_tokens, n_fused]``: per token its coefficient of each write the
   compiled graph applies itself (``fused_writes``);
-* ``conditions``: :class:`.conditions.ConditionTables`.
+* ``conditions``: :class:`.conditions.ConditionTables` (also the latches of ``cond(latch=...)``:
+  ``latch_pos [max_slots, K_latch]``, one latch per copy of each read that a write latches on,
+  set by that read's entries, ``Entry.latch_k``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from ..kernels.read_rows import CAPTURE, COSINE, PROBE
 from ..kernels.row_write import ADD, PROJ
 from ..spec import DeploymentConfig, XmixSpecError, hook_width, load_op_vector, resolve_layers
-from .conditions import ConditionTables
+from .conditions import COMPARISONS, ConditionTables
 
 #: the hook points of a decoder layer's residual-stream body (``(hidden_states, residual)``,
 #: installed by ``adapters._residual``): where the compiled graph can apply fused writes itself
@@ -44,7 +46,7 @@ MODULE_BUFFERS = ("tok_fc", "vectors")
 #: identity of what the lowering and the hooks put into the compiled graph, stamped into the
 #: deployment (part of vLLM's config hash, hence of the torch.compile cache key): bump it with any
 #: change to that
-RUNTIME_ID = "vllm-xmix 0.6.1"
+RUNTIME_ID = "vllm-xmix 0.7.0"
 #: largest total of the buffers that grow with the engine's limits (see :func:`buffer_bytes`);
 #: captures of many layers at ``max_num_batched_tokens`` rows are the usual way to hit it
 MAX_READ_BUFFER_BYTES = 4 << 30
@@ -69,6 +71,12 @@ class Entry:
     positions: str = "all"
     returned: bool = True  # False for condition reads (buffer=): their values stay on the device
     req_k: int = -1  # request-scope condition read: index into cbuf_req / req_mean
+    # a read whose trigger some write latches on (cond(latch=...)): its latch (column of
+    # ConditionTables.latch_pos), the trigger's comparison (0 '>', 1 '>=', 2 '<', 3 '<=') and
+    # threshold; -1: none
+    latch_k: int = -1
+    lop: int = 0
+    lthr: float = 0.0
     # conditional writes only (set by ConditionTables.build): CK_* kind, index (token set / out
     # column / request buffer), the comparison (0 '>', 1 '>=', 2 '<', 3 '<='), threshold,
     # generated-positions-only
@@ -186,6 +194,7 @@ class DeviceLayout:
         n_cols = 0
         n_req = 0
         buffers: dict[tuple, int] = {}  # ((app, copy), buffer) -> entry of its condition read
+        latches: dict[tuple, int] = {}  # ((app, copy), read name) -> latch index (cond(latch=...))
         conds: list = []  # (write entry, (app, copy), Cond)
         reserve = deployment.reserve
         n_copies = 1 + (reserve.versions if reserve is not None else 0)
@@ -197,10 +206,14 @@ class DeviceLayout:
                 kind, v = lower_op(op, f, d_model, n_experts, width)
                 lowered.append((kind, v, resolve_layers(op.layers, n_layers, f + ".layers")))
             copies = lay.copies[app.name] = []
+            latched = app.latched_reads()
             for k in range(n_copies):  # spare copies: adjacent at each site, so a version keeps the app's order
                 first = len(lay.entries)
                 for oi, (op, (kind, v, layers)) in enumerate(zip(app.ops, lowered)):
                     read = op.primitive == "read"
+                    latch_k = -1
+                    if read and op.name in latched:  # one latch for all of the read's layers
+                        latch_k = latches[((app.name, k), op.name)] = len(latches)
                     for L in layers:
                         per_site.setdefault((L, op.hook), []).append(len(lay.entries))
                         if read:
@@ -214,7 +227,10 @@ class DeviceLayout:
                                     n_req += 1
                             lay.entries.append(Entry(app.name, oi, L, op.hook, 1.0, kind, float(op.bias), name=op.name,
                                                      col=n_cols, width=ncol, sigmoid=op.sigmoid,
-                                                     positions=op.positions, returned=op.buffer is None, req_k=req_k))
+                                                     positions=op.positions, returned=op.buffer is None, req_k=req_k,
+                                                     latch_k=latch_k,
+                                                     lop=COMPARISONS[op.on.op] if latch_k >= 0 else 0,
+                                                     lthr=float(op.on.threshold) if latch_k >= 0 else 0.0))
                             n_cols += ncol
                         else:
                             e = Entry(app.name, oi, L, op.hook, op.scale, kind, float(op.value or 0.0))
@@ -262,7 +278,7 @@ class DeviceLayout:
         lay.conditions = ConditionTables.build(
             lay.entries, conds, buffers, n_req, site_writes=lay.site_entries_host, tok_slot=lay.tok_slot,
             coef=lay.coef, out=lay.out, max_tokens=max_tokens, max_slots=max_slots, vocab_size=vocab_size,
-            max_model_len=max_model_len, device=dev)
+            max_model_len=max_model_len, device=dev, latches=latches, n_latches=len(latches))
         lay.site_has_cond = lay.conditions.site_has_cond
         lay._split_fused()
         lay.site_names = {sid: f"blocks.{L}.{h}" for (L, h), sid in lay.sites.items()}
@@ -378,7 +394,7 @@ def buffer_bytes(dep: DeploymentConfig, n_layers: int, d_model: int, n_experts: 
             if op.primitive == "read":
                 cols += copies * nl * (hook_width(op.hook, d_model, n_experts, "read") if op.kind == "capture" else 1)
                 req_bufs += copies * int(op.buffer is not None and op.scope == "request")
-            elif op.cond is not None and op.cond.buffer is None:
+            elif op.cond is not None and op.cond.kind() in ("tokens", "tokens_prev"):
                 token_cond = True
             elif op.cond is None and op.hook in RESIDUAL_HOOKS and dep.fused_writes in ("adds", "all"):
                 fusible += nl

@@ -182,7 +182,7 @@ class SlotRegistry:
             if not self.free_slots and self.preempted:
                 victim = next(iter(self.preempted))  # the longest-preempted request gives its slot
                 logger.warning("vllm_xmix: out of request slots; request %s (preempted) loses its slot and "
-                               "its condition state (token history, prompt values)", victim)
+                               "its condition state (token history, prompt values, latches)", victim)
                 self.preempted.pop(victim)
                 self._free(victim)
             if not self.free_slots:

@@ -3,8 +3,8 @@ token of the step belongs to, and the coefficient rows of requests that got a sl
 
 Per step, on the forward's stream: ``tok_slot[:n]`` int32 (and with fused writes ``tok_fc[:n]``,
 with conditions ``tok_pos[:n]``) is uploaded from a pinned staging ring, and the coefficient rows
-of new slots with ``index_copy_``. Nothing here reads device data back, so async scheduling keeps
-its overlap. The step's run mask (graph variant) is chosen here too.
+of new slots with ``index_copy_`` (their latches, ``cond(latch=...)``, are reset to "never").
+Nothing here reads device data back, so async scheduling keeps its overlap. The step's run mask (graph variant) is chosen here too.
 """
 
 from __future__ import annotations
@@ -161,12 +161,14 @@ class StepFill:
                     lay.coef[s].copy_(stage.rows[i], non_blocking=True)
                     if cond.has_cond:
                         cond.slot_plen[s: s + 1].copy_(stage.plen[i: i + 1], non_blocking=True)
+                cond.reset_latches(new_slots)
             else:
                 rows = stage.rows[:k].to(lay.device, non_blocking=True)
                 idx = stage.idx[:k].to(lay.device, non_blocking=True)
                 lay.coef.index_copy_(0, idx, rows)
                 if cond.has_cond:
                     cond.slot_plen.index_copy_(0, idx, stage.plen[:k].to(lay.device, non_blocking=True))
+                cond.reset_latches(idx)
         if stage.event is not None:
             stage.event.record()
         self.high_water = T if any_on else 0

@@ -8,6 +8,9 @@ step sampled, and no synchronisation is added inside the forward.
 
 A fired trigger is an event ``(app, read name, layer, action, position, value)``; the position
 is absolute (the ``position``-th token of prompt + generated tokens, as in ``mi_results``).
+A ``latch`` trigger is recorded here the same way; the writes it switches on are gated on the
+device, in the forward (``runtime/conditions.py``, ``kernels/latch.py``), at the same position
+(the same float32 values and comparison).
 """
 
 from __future__ import annotations

@@ -60,6 +60,9 @@ class SitePlan:
     reads: torch.Tensor | None
     reads_host: list[int]
     req_reads: list[int]  # request-scope condition reads among ``reads``
+    # reads among ``reads`` that set a latch (cond(latch=...)), host list and int32 device tensor
+    latch_reads: list[int]
+    latch_idx: torch.Tensor | None
 
 
 class GraphVariants:
@@ -321,6 +324,7 @@ class GraphVariants:
             writes = lay.site_entries_host[site] or []
         writes = [e for e in writes if keep[e]]
         reads = [e for e in (lay.site_reads_host[site] or []) if keep[e]]
+        latch_reads = [e for e in reads if lay.entries[e].latch_k >= 0]
         return SitePlan(
             pre=self._idx(pre), writes=self._idx(writes), writes_host=writes,
             # the kernel is the site's, whatever the variant: the row kernel rounds to the dtype
@@ -328,7 +332,8 @@ class GraphVariants:
             # values depend on which other apps share its batch
             row=lay.site_has_proj[site] or lay.site_has_cond[site],
             has_cond=any(e in self._cond_set for e in writes),
-            reads=self._idx(reads), reads_host=reads, req_reads=[e for e in reads if lay.entries[e].req_k >= 0])
+            reads=self._idx(reads), reads_host=reads, req_reads=[e for e in reads if lay.entries[e].req_k >= 0],
+            latch_reads=latch_reads, latch_idx=self._idx(latch_reads))
 
     def _idx(self, entries: list[int]) -> torch.Tensor | None:
         """Entry indices as an int32 device tensor (one per distinct list), None for none."""

@@ -13,7 +13,8 @@ Supported now: the write kinds ``add`` (activation addition, Turner et al. 2023)
 al. 2026) and the read kinds ``linear_probe``, ``cosine`` and ``capture`` at the TransformerLens
 hook points of :data:`SUPPORTED_HOOKS` (see docs/hooks.md). A write can be conditional
 (:class:`Cond`: on the current or the previous token, or on a condition read of the same app
-compared with a threshold, per token or once per request; see docs/design.md). What is not
+compared with a threshold, per token or once per request, or latched on from the first
+position where a read's trigger fires; see docs/design.md, docs/hooks.md). What is not
 implemented (conditional reads, conditional ``router_bias`` writes) is rejected with a clear
 :class:`XmixSpecError`: a declared op never silently does nothing.
 

@@ -47,18 +47,22 @@ class _OpBuilder:
 
     def cond(self, **predicate) -> "_OpBuilder":
         """Guard a write with a predicate (see :class:`Cond`): ``tokens=[ids]``,
-        ``tokens_prev=[ids]``, or ``buffer="name", op=">", threshold=t``; optional
-        ``positions="generated"``; one predicate per op. Reads cannot be conditioned (rejected)."""
+        ``tokens_prev=[ids]``, ``buffer="name", op=">", threshold=t``, or ``latch="read name"``
+        (from the first position where that read's trigger, ``.on(...)``, fires, for the rest of
+        the request; at layers after the read's); optional ``positions="generated"``; one
+        predicate per op. Reads cannot be conditioned (rejected)."""
         if not predicate:
             raise XmixSpecError(f"{self._app.name}.cond: give a predicate: tokens=[...], tokens_prev=[...], "
-                                "or buffer=..., op=..., threshold=...")
+                                "buffer=..., op=..., threshold=..., or latch=<read name>")
         self._set_once("cond", "cond", predicate)
         return self
 
     def on(self, op: str = ">", threshold: float | None = None, *, action: str = "flag") -> "_OpBuilder":
         """Act on this read's value (see :class:`Trigger`): ``.on(">", 0.9, action="stop")`` ends
         the request at the first position whose value is above 0.9; ``action="flag"`` records it
-        in ``mi_results[app]["triggers"]``. Reads only (``linear_probe`` / ``cosine``); once per op."""
+        in ``mi_results[app]["triggers"]``; ``action="latch"`` records it and switches on the
+        app's writes with ``.cond(latch=<this read's name>)`` from that position on. Reads only
+        (``linear_probe`` / ``cosine``); once per op."""
         if self._fields.get("primitive") != "read":
             raise XmixSpecError(f"{self._app.name}.on: only a read (a probe's value) takes a trigger")
         if threshold is None:

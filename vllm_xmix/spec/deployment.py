@@ -63,6 +63,14 @@ def validate_deployment(dep: DeploymentConfig, n_layers: int, d_model: int, n_ex
                 if src.scope == "request" and cond.positions != "all":
                     raise XmixSpecError(f"{f}.cond.positions: a request-scope condition already applies to "
                                         "generated tokens only; leave positions at 'all'")
+            if cond.latch is not None:
+                src = app.latch_read(cond.latch)
+                src_layers = resolve_layers(src.layers, n_layers, f"{f}.cond.latch")
+                if min(layers) <= max(src_layers):
+                    raise XmixSpecError(
+                        f"{f}.layers: a write latched on read {cond.latch!r} (layers {src_layers}) must be at later "
+                        f"layers than all of the read's (got {min(layers)}): the latch is set on the way up, so "
+                        "that it holds for every token of a step before any latched write runs")
             ids = cond.tokens if cond.tokens is not None else cond.tokens_prev
             if ids is not None and vocab_size is not None and max(ids) >= vocab_size:
                 raise XmixSpecError(f"{f}.cond: token id {max(ids)} >= vocab size {vocab_size} of this model")

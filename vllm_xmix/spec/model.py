@@ -146,6 +146,18 @@ class Cond(BaseModel):
       the request's prompt tokens, decided once the prompt is processed, and the write then
       applies at every position from the last prompt token on, i.e. to every generated token
       (CAST, Lee et al. 2025). Identical for every chunking of the prompt.
+    * ``latch``: the name of a read of the same app that has a trigger (``read(..., name=n)
+      .on(op, threshold, action=...)``, :class:`Trigger`): a *latch*. The write applies at the
+      token at absolute position ``t`` (``t``-th token of prompt + generated tokens, as in
+      ``mi_results``) iff ``q <= t``, where ``q`` is the request's *latch position*: the first
+      position whose value of that read crosses the trigger's threshold, at any of the read's
+      layers the request has on (never crossed: the write never applies). So the write applies
+      from the crossing position itself on, for the rest of the request, prompt and generated
+      tokens alike. The written layers must all be after the read's layers (``validate_deployment``):
+      within one forward the read sets ``q`` for every token of the step before any latched write
+      runs, so the result does not depend on chunked prefill, batch composition, preemption or
+      async scheduling. ``q`` lives on the device (per request slot, set by the read's site and
+      reset when the slot is given to a new request); no host round trip is involved.
 
     ``positions="generated"`` restricts a token or per-token condition to positions of generated
     tokens (the prompt's KV is then untouched and keeps sharing the prefix cache).
@@ -155,6 +167,7 @@ class Cond(BaseModel):
     tokens: list[int] | None = None
     tokens_prev: list[int] | None = None
     buffer: str | None = None
+    latch: str | None = None
     op: Literal[">", ">=", "<", "<="] | None = None  # buffer conditions; default ">"
     threshold: OptionalFiniteFloat = None
     positions: Literal["all", "generated"] = "all"
@@ -177,9 +190,11 @@ class Cond(BaseModel):
 
     @model_validator(mode="after")
     def _one(self):
-        given = [k for k in ("tokens", "tokens_prev", "buffer") if getattr(self, k) is not None]
+        given = [k for k in ("tokens", "tokens_prev", "buffer", "latch") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of tokens, tokens_prev, buffer (got {given or 'none'})")
+            raise ValueError(f"give exactly one of tokens, tokens_prev, buffer, latch (got {given or 'none'})")
+        if self.latch is not None and not _NAME_RE.match(self.latch):
+            raise ValueError(f"latch: {self.latch!r} must be a read name (matching {_NAME_RE.pattern})")
         if self.buffer is not None and self.threshold is None:
             raise ValueError("threshold: a buffer condition needs a threshold")
         if self.buffer is None and (self.threshold is not None or self.op is not None):
@@ -189,7 +204,11 @@ class Cond(BaseModel):
         return self
 
     def kind(self) -> str:
-        return "tokens" if self.tokens is not None else "tokens_prev" if self.tokens_prev is not None else "buffer"
+        """``"tokens"``, ``"tokens_prev"``, ``"buffer"`` or ``"latch"``: the predicate given."""
+        for k in ("tokens", "tokens_prev", "buffer"):
+            if getattr(self, k) is not None:
+                return k
+        return "latch"
 
 
 class WriteOp(BaseModel):
@@ -288,16 +307,22 @@ class Trigger(BaseModel):
       A request whose value crosses at a prompt position ``p < P - 1`` stops at its first
       generated token; at a generated position (``p >= P - 1``) it has ``p - P + 2`` generated
       tokens. ``min_tokens`` does not delay it.
+    * ``"latch"``: records it like ``"flag"`` (with action ``"latch"``); its purpose is to switch
+      on the app's writes guarded by ``cond(latch=<this read's name>)`` from ``p`` on (see
+      :class:`Cond`; at least one write must name it). Writes may latch on a ``"flag"`` or
+      ``"stop"`` trigger too: the latch is the trigger's first crossing whatever its action.
 
-    The comparison runs on the values every step already copies to the host (no extra kernel, no
+    The records and the stop come from the values every step already copies to the host (no
     synchronisation inside the forward); the scheduler applies the stop when it takes the step's
-    output, in the same place as vLLM's own stop checks. Used by jailbreak / toxicity probes that
-    abort generation (xMIx's first use case)."""
+    output, in the same place as vLLM's own stop checks. A latch is decided on the device
+    instead, in the forward that computes the value (a host decision would reach the writes one
+    or two steps late under async scheduling). Used by jailbreak / toxicity probes that abort
+    generation (xMIx's first use case)."""
 
     model_config = ConfigDict(extra="forbid")
     op: Literal[">", ">=", "<", "<="] = ">"
     threshold: FiniteFloat
-    action: Literal["stop", "flag"] = "flag"
+    action: Literal["stop", "flag", "latch"] = "flag"
 
 
 #: read names refused: the key of the trigger records in ``mi_results[app]``
@@ -331,7 +356,8 @@ class ReadOp(BaseModel):
             positions whose next-token prediction was a generated token) or ``"last"`` (the last
             prompt token). Probes always return every processed position.
         on: optional :class:`Trigger` (probes and cosine reads that come back to the user):
-            ``"stop"`` or ``"flag"`` when the value crosses a threshold.
+            ``"stop"``, ``"flag"`` or ``"latch"`` when the value crosses a threshold; writes of
+            the app guarded by ``cond(latch=name)`` apply from the first crossing on.
         cond: reserved for conditional ops (not yet supported: rejected).
     """
 
@@ -447,6 +473,39 @@ class AppSpec(BaseModel):
                     raise ValueError(f"{i}.cond.buffer: no read of this app writes buffer {op.cond.buffer!r} "
                                      f"(defined: {bufs or 'none'}; use read(..., buffer=...))")
         return v
+
+    @field_validator("ops")
+    @classmethod
+    def _latches(cls, v):
+        reads = {op.name: op for op in v if op.primitive == "read"}
+        latched = set()
+        for i, op in enumerate(v):
+            if op.primitive != "write" or op.cond is None or op.cond.latch is None:
+                continue
+            name = op.cond.latch
+            src = reads.get(name)
+            if src is None:
+                raise ValueError(f"{i}.cond.latch: no read of this app is named {name!r} (reads: "
+                                 f"{sorted(reads) or 'none'}); a latch names a read declared with .on(...)")
+            if src.on is None:
+                raise ValueError(f"{i}.cond.latch: read {name!r} has no trigger; declare it with "
+                                 ".on(op, threshold, action='latch') (the latch is its first crossing)")
+            latched.add(name)
+        for i, op in enumerate(v):
+            if op.primitive == "read" and op.on is not None and op.on.action == "latch" and op.name not in latched:
+                raise ValueError(f"{i}.on.action: 'latch' switches on the app's writes with cond(latch="
+                                 f"{op.name!r}), and no write of this app names read {op.name!r} (use 'flag' to "
+                                 "only record the crossing)")
+        return v
+
+    def latch_read(self, name: str) -> "ReadOp":
+        """The read (with a trigger) that ``cond(latch=name)`` names."""
+        return next(op for op in self.ops if op.primitive == "read" and op.name == name)
+
+    def latched_reads(self) -> set[str]:
+        """Names of the reads that some write of this app latches on (``cond(latch=...)``)."""
+        return {op.cond.latch for op in self.ops
+                if op.primitive == "write" and op.cond is not None and op.cond.latch is not None}
 
     def buffer_read(self, name: str) -> "ReadOp":
         return next(op for op in self.ops if op.primitive == "read" and op.buffer == name)

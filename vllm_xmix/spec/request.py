@@ -113,6 +113,16 @@ def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConf
                 raise XmixSpecError(
                     f"{field}[{i}].layers: {ra.layers} selects only condition reads of app {ra.name!r}, so the "
                     f"app would do nothing; its writes and returned reads are at layers {sorted(useful)}")
+            for op in app.ops:  # a latched write needs its read on at one of the read's layers at least
+                if op.primitive != "write" or op.cond is None or op.cond.latch is None:
+                    continue
+                wl = set(resolve_layers(op.layers, n_layers, f"{field}[{i}].layers")) & set(ra.layers)
+                rl = resolve_layers(app.latch_read(op.cond.latch).layers, n_layers, f"{field}[{i}].layers")
+                if wl and not set(rl) & set(ra.layers):
+                    raise XmixSpecError(
+                        f"{field}[{i}].layers: {ra.layers} selects writes of app {ra.name!r} latched on read "
+                        f"{op.cond.latch!r} (layers {sorted(wl)}) but none of that read's layers {rl}, so the latch "
+                        "could never fire; add one of them")
 
 
 def check_router_masks(apps: list[RequestApp], dep: DeploymentConfig, n_layers: int,

@@ -42,7 +42,7 @@ def validate_engine_config(vllm_config) -> None:
         raise XmixSpecError(f"additional_config.xmix: {e}") from None
 
     check_buffer_bytes(dep, text.num_hidden_layers, text.hidden_size, n_experts(text), *engine_limits(vllm_config))
-    token_cond = any(op.primitive == "write" and op.cond is not None and op.cond.buffer is None
+    token_cond = any(op.primitive == "write" and op.cond is not None and op.cond.kind() in ("tokens", "tokens_prev")
                      for app in dep.apps for op in app.ops)
     if token_cond and getattr(mc, "enable_prompt_embeds", False):
         raise XmixSpecError("additional_config.xmix: token conditions (cond(tokens=...) / cond(tokens_prev=...)) "
