@@ -126,8 +126,17 @@ def _validate(path: str, model: str) -> str:
     return "\n".join(lines)
 
 
+#: seconds vLLM's server may take to stop on SIGTERM unless ``--shutdown-timeout`` is given: with
+#: vLLM's default (0) the engine core is killed before its executor closes its shared-memory
+#: queues, and Python's resource tracker reports them as leaked at exit (README, "Stopping and
+#: inspecting a server")
+SHUTDOWN_TIMEOUT_S = 10
+
+
 def _serve(model: str, apps: str, rest: list[str], admin_key: str | None = None) -> int:
     dep = load_deployment_file(apps)
+    if not any(a == "--shutdown-timeout" or a.startswith("--shutdown-timeout=") for a in rest):
+        rest = rest + ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     if admin_key:  # the server reads it from its environment (never an argument in the logs)
         from .validation.admin import ADMIN_KEY_ENV
 
