@@ -54,8 +54,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import HAPPY_LAYERS, HAPPY_SCALE, N_LAYERS, SAD_SCALE, V_HAPPY, V_SAD, deployment, running_server, \
-    unit_rms
+from conftest import N_LAYERS, app_deltas, deployment, running_server, unit_rms
 
 pytestmark = pytest.mark.soak
 
@@ -717,7 +716,7 @@ def test_soak_mixed_load_with_faults(soak_server, hf):
                 phase(f"round {k}")
                 updates.assert_versions(counts)  # (the version the in-flight requests ran: until the next change)
                 # references of the parameters set during the round; the responses that need them
-                name, other, _ = updates.during(k)
+                name = updates.during(k)[0]
                 await references([r for r in pool + watch[k] if name in apps_of(r)])
                 for w in watch[k]:  # the watched requests could tell the two versions apart
                     assert refs.epochs[-1][w["id"]]["tokens"] != refs.epochs[-2][w["id"]]["tokens"], w
