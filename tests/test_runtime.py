@@ -478,12 +478,20 @@ def test_replaced_cast_threshold_goes_into_the_spare_copy_with_its_own_condition
     c, st = cast_state()
     lay = st.layout
     orig, spare = lay.copies["cast"]
+    n_pool = len([e for es in lay.pool.values() for e in es])
+    counts = lambda: {k: v for k, v in st.counts().items() if k.startswith(("versions", "entries", "spare",  # noqa
+                                                                           "reserved"))}
+    assert counts() == dict(versions_held=1, versions_superseded=0, entries_held=3, spare_total=3, spare_free=3,
+                            reserved_total=n_pool, reserved_free=n_pool) and n_pool > 0
     app = c.to_spec().model_dump(mode="json")
     app["ops"][1]["cond"]["threshold"] = 0.5
     app["ops"][1]["scale"] = 3.0
     app["ops"][1]["vector"] = [float(x) for x in unit_rms(5)]
     assert st.updates.apply({"action": "replace", "name": "cast", "version": 1, "app": app, "live": []})["ok"]
     assert lay.version_entries[("cast", 1)] == spare and lay.version_entries[("cast", 0)] == orig
+    # version 0 is kept (released at a later change once no request runs it)
+    assert counts() == dict(versions_held=2, versions_superseded=1, entries_held=6, spare_total=3, spare_free=0,
+                            reserved_total=n_pool, reserved_free=n_pool)
     thr = lay.conditions.cond_args["cond_thr"]
     read0, read1 = orig[0], spare[0]
     for e0, e1 in zip(orig[1:], spare[1:]):  # the conditional writes
@@ -504,6 +512,7 @@ def test_replaced_cast_threshold_goes_into_the_spare_copy_with_its_own_condition
     assert not r["ok"] and r["status"] == 507 and "copies of app 'cast'" in r["error"], r
     r = st.updates.apply({"action": "replace", "name": "cast", "version": 2, "app": app, "live": []})
     assert r["ok"] and lay.version_entries[("cast", 2)] == orig and ("cast", 0) not in lay.version_entries
+    assert counts()["versions_superseded"] == 1 and counts()["entries_held"] == 6  # version 1 until the next change
     # a replace that changes the structure is refused; an add of a probe takes a reserved entry
     bad = {**app, "ops": [app["ops"][0], {**app["ops"][1], "layers": [3]}]}
     r = st.updates.apply({"action": "replace", "name": "cast", "version": 3, "app": bad, "live": []})
@@ -512,4 +521,6 @@ def test_replaced_cast_threshold_goes_into_the_spare_copy_with_its_own_condition
                                    "weight": [1.0] * 64}]}
     r = st.updates.apply({"action": "add", "name": "p", "version": 1, "app": probe, "live": []})
     assert r["ok"] and lay.version_entries[("p", 1)] == lay.pool[(1, "hook_resid_post", "linear_probe")]
+    assert counts() == dict(versions_held=2, versions_superseded=0, entries_held=4, spare_total=3, spare_free=3,
+                            reserved_total=n_pool, reserved_free=n_pool - 1)  # version 1 of cast released
     assert lay.read_info[lay.version_entries[("p", 1)][0]][4:] == ("p", "probe", 1)

@@ -153,9 +153,20 @@ class XmixState:
         worker has seen the last ones finish (vLLM reports finished requests in the next step's
         scheduler output), every per-request count is 0 and ``slots_free == slots_total``.
 
+        App versions (:mod:`.updates`): ``versions_held``, the ``(app, version)`` pairs that hold
+        entries; ``versions_superseded``, those among them that are not their app's current
+        version (kept for requests that were in flight at a change; released at the next change
+        once no request runs them); ``entries_held``, the entries they hold (one per op and
+        layer of each version); ``spare_total`` / ``spare_free``, the entries of the deployed
+        apps' spare copies (``reserve.versions``) and the free ones among them;
+        ``reserved_total`` / ``reserved_free``, likewise for the reserved entries
+        (``reserve.add`` / ``linear_probe`` / ``cosine``).
+
         Reads two small device tables back (a synchronisation): for tests and debugging, not
         for the step path."""
         sl, lay = self.slots, self.layout
+        spare = [e for copies in lay.copies.values() for c in copies[1:] for e in c]
+        reserved = [e for es in lay.pool.values() for e in es]
         return {
             "slots_total": int(self.max_slots - 1),
             "slots_free": len(sl.free_slots),
@@ -176,6 +187,13 @@ class XmixState:
             "high_water": int(self.step.high_water),
             "tok_slot_rows": int((lay.tok_slot != 0).sum().item()),
             "tok_fc_rows": int((lay.tok_fc != 0).any(dim=-1).sum().item()) if lay.tok_fc.numel() else 0,
+            "versions_held": len(lay.version_entries),
+            "versions_superseded": sum(self.updates.current.get(a) != v for a, v in lay.version_entries),
+            "entries_held": sum(o is not None for o in lay.owner),
+            "spare_total": len(spare),
+            "spare_free": sum(lay.owner[e] is None for e in spare),
+            "reserved_total": len(reserved),
+            "reserved_free": sum(lay.owner[e] is None for e in reserved),
         }
 
     def verify_hooks_fired(self) -> None:
