@@ -49,6 +49,8 @@ def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: i
     runtime's raises ``RuntimeError`` (a stale compile cache)."""
     st = _state()
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
+    if st.replicas.on:  # the first dummy forward under tensor parallelism (runtime/replicas.py)
+        st.replicas.record(site, h, other)
     plan = st.variants.site_plan(site, fused)  # the entries of the step's variant at this site
     if plan is None:  # no app of this step needs this site (graph variants)
         return
@@ -110,6 +112,8 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     for s in (site_a, site_b):
         if s >= 0:
             st.calls[s] += 1
+            if st.replicas.on:
+                st.replicas.record(s, residual, x)
             p = st.variants.site_plan(s, 0)
             if p is not None:
                 plans.append((s, p))

@@ -6,25 +6,80 @@ CPU runner) and V2 (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``):
 * ``_prepare_inputs`` (V1) / ``prepare_inputs`` (V2): after, the per-token fill of the device
   tables for this step's batch (``StepFill.fill``);
 * ``_dummy_run`` (V1) / ``execute_model(dummy_run=True)`` (V2): the slot table is cleared;
+* under tensor parallelism, the first forward whose hook ops run in Python also checks that every
+  hook site sees the same whole tensor on every rank (``runtime.replicas``; vLLM's dummy forwards
+  cannot: their inputs are uninitialised memory);
 * ``sample_tokens``: the step's read values ride on its ``ModelRunnerOutput`` as
   ``xmix_reads`` (for async outputs, when ``get_output()`` runs)."""
 
 from __future__ import annotations
 
 import functools
+import logging
 
 from ..runtime import STATE_KEY
 from .core import mark, optional_import
+
+logger = logging.getLogger("vllm.xmix")
 
 
 def _state_of(runner):
     return runner.compilation_config.static_forward_context.get(STATE_KEY)
 
 
+def _keeps_outputs(runner) -> bool:
+    """Whether vLLM's executor uses this worker's ``ModelRunnerOutput``: the multiprocess and
+    Ray executors take the output of TP rank 0 (and context-parallel rank 0) of the last pipeline
+    stage only and drop the others' (``MultiprocExecutor._get_output_rank``); with the
+    ``external_launcher`` backend every rank runs its own engine and keeps its own."""
+    if runner.vllm_config.parallel_config.distributed_executor_backend == "external_launcher":
+        return True
+    from vllm.distributed import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return True
+    keep = ps.get_tp_group().rank_in_group == 0 and ps.get_pp_group().is_last_rank
+    pcp = getattr(ps, "get_pcp_group", None)
+    if keep and pcp is not None:
+        keep = pcp().rank_in_group == 0
+    return keep
+
+
+def _tp_world(runner) -> int:
+    return int(runner.vllm_config.parallel_config.tensor_parallel_size)
+
+
+def _check_replicas(runner, st) -> None:
+    """After a forward whose hook values were recorded (``ReplicaCheck.start`` in
+    :func:`_pre_execute`): gather the records over the TP group and compare them
+    (``ReplicaCheck.finish`` raises on every rank alike, since all compare the same records). Every
+    rank takes the same branch: the same batch runs the hook ops in Python (eager, compiled on
+    CPU, a step without CUDA graphs) or replays a graph on all of them."""
+    rep = st.replicas
+    rep.on = False
+    if not rep.recorded():
+        return  # a graph replay (or no forward): the next step records
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_tp_group
+
+    tp = get_tp_group()
+    mine = rep.stats.to("cpu")
+    parts = [torch.empty_like(mine) for _ in range(tp.world_size)]
+    dist.all_gather(parts, mine, group=tp.cpu_group)  # gloo: any dtype, any device type
+    rep.finish(torch.stack(parts), st.layout.site_names)
+    logger.info("vllm_xmix: %d hook site(s) see the same whole tensor on the %d tensor-parallel ranks",
+                int((rep.stats[:, 0] != 0).sum()), tp.world_size)
+
+
 def _pre_execute(runner, scheduler_output) -> None:
     st = _state_of(runner)
     if st is None:
         return
+    if not getattr(st, "keep_known", False):
+        st.reads.keep, st.keep_known = _keeps_outputs(runner), True
+    if not st.replicas.done and _tp_world(runner) > 1:
+        st.replicas.start(int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0))
     st.verify_hooks_fired()
     st.update_requests(scheduler_output)
 
@@ -32,6 +87,8 @@ def _pre_execute(runner, scheduler_output) -> None:
 def _post_execute(runner, out):
     st = _state_of(runner)
     if st is not None:
+        if st.replicas.on:
+            _check_replicas(runner, st)
         st.verify_hooks_fired()  # before sampling: a step without its hooks never emits a token
         st.snapshot()
         if out is not None:  # the step ended without a separate sample_tokens call
@@ -126,15 +183,12 @@ def patch_v2_runner() -> None:
     def wrap_exec(orig):
         @functools.wraps(orig)
         def execute_model(self, scheduler_output, *args, **kwargs):
-            dummy = kwargs.get("dummy_run", False)
-            if not dummy:
-                _pre_execute(self, scheduler_output)
-            elif _state_of(self) is not None:
-                _state_of(self).dummy_forward()
-            out = orig(self, scheduler_output, *args, **kwargs)
-            if not dummy:
-                out = _post_execute(self, out)
-            return out
+            if kwargs.get("dummy_run", False):
+                if _state_of(self) is not None:
+                    _state_of(self).dummy_forward()
+                return orig(self, scheduler_output, *args, **kwargs)
+            _pre_execute(self, scheduler_output)
+            return _post_execute(self, orig(self, scheduler_output, *args, **kwargs))
 
         return execute_model
 

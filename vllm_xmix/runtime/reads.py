@@ -23,10 +23,18 @@ class ReadTransport:
     ``step_reads``: what the step fill recorded for the current step, per request with a read
     on: ``(req_id, first row, n rows, first position, read infos, prompt length)``. On CUDA the
     snapshots go to pinned host buffers (with their events) that are reused once their values
-    were split (:meth:`reads_of`): no pinned allocation and no event creation per step."""
+    were split (:meth:`reads_of`): no pinned allocation and no event creation per step.
+
+    ``keep``: whether this rank's step outputs reach the engine core. Under tensor (and
+    pipeline) parallelism vLLM takes the ``ModelRunnerOutput`` of one worker only (TP rank 0 of
+    the last stage) and drops the others'; a rank that does not keep its values takes no
+    snapshot (no copy, no pinned buffer, nothing pending), so read values come back once per
+    request, from that rank. Set by the model-runner patch."""
 
     def __init__(self, out: torch.Tensor) -> None:
         self.out = out
+        self.keep = True
+        self.taken = 0  # snapshots taken since start (introspection)
         self.step_reads: list[tuple] = []
         self._snapshots: list = []
         self._free: list[tuple[torch.Tensor, object]] = []
@@ -43,9 +51,14 @@ class ReadTransport:
 
     def snapshot(self) -> None:
         """After the forward is enqueued: copy this step's read rows out of ``out`` to host
-        memory, asynchronously on the forward's stream (no-op if no read was on)."""
+        memory, asynchronously on the forward's stream (no-op if no read was on, or if this
+        rank's outputs are dropped: :attr:`keep`)."""
         if not self.step_reads:
             return
+        if not self.keep:
+            self.step_reads = []
+            return
+        self.taken += 1
         T = max(sr[1] + sr[2] for sr in self.step_reads)
         src = self.out[:T]
         if src.is_cuda:

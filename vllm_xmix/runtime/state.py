@@ -16,6 +16,7 @@ from ..hf_config import n_experts, text_config
 from ..spec import CONFIG_KEY, DeploymentConfig, parse_deployment
 from .layout import MODULE_BUFFERS, DeviceLayout
 from .reads import ReadTransport
+from .replicas import ReplicaCheck
 from .slots import SlotRegistry
 from .step import StepFill
 from .updates import AppUpdates
@@ -54,7 +55,9 @@ class XmixState:
     * ``step`` (:class:`.step.StepFill`): the per-step fill of the token tables;
     * ``variants`` (:class:`.variants.GraphVariants`): run masks, CUDA-graph variants, site plans;
     * ``reads`` (:class:`.reads.ReadTransport`): the read snapshots' way to the host;
-    * ``updates`` (:class:`.updates.AppUpdates`): app versions changed on a running server.
+    * ``updates`` (:class:`.updates.AppUpdates`): app versions changed on a running server;
+    * ``replicas`` (:class:`.replicas.ReplicaCheck`): under tensor parallelism, the check that
+      every hook site sees the same whole tensor on every rank.
 
     The state itself keeps the hook bookkeeping (``installed`` sites, ``calls`` per site, the
     buffer modules) and checks it (:meth:`verify_hooks_fired`). The attributes below are the
@@ -120,6 +123,13 @@ class XmixState:
         self.variants = GraphVariants(layout)
         self.slots = SlotRegistry(layout, self.variants)
         self.reads = ReadTransport(layout.out)
+        from ..spec import ROUTER_HOOK
+
+        widths = [layout.d_model] * len(layout.sites)
+        for (_, hook), sid in layout.sites.items():
+            if hook == ROUTER_HOOK:
+                widths[sid] = int(layout.n_experts or 0)
+        self.replicas = ReplicaCheck(len(layout.sites), widths, layout.device)
         self.step = StepFill(layout, self.slots, self.variants, self.reads)
         self.updates = AppUpdates(layout, self.slots)
         self.installed: set[int] = set()  # sites whose hook the adapter installed
@@ -147,7 +157,9 @@ class XmixState:
         ``slots_total``: ``max_slots - 1``, slot 0 is the null slot), the device rows of the
         per-token tables that point at a request (``tok_slot_rows``: non-null entries of
         ``tok_slot [max_tokens]``; ``tok_fc_rows``: non-zero rows of ``tok_fc``), the read
-        snapshots waiting for their step's output (``snapshots_pending``) and the pinned buffers
+        snapshots waiting for their step's output (``snapshots_pending``), those taken since start
+        (``snapshots_taken``: 0 on a rank whose outputs vLLM drops, :attr:`.reads.ReadTransport.keep`),
+        whether the tensor-parallel replica check ran (``replicas_checked``), the pinned buffers
         kept for reuse (``snapshot_pool``, at most ``reads._POOL``), the coefficient rows cached
         per distinct selection (``row_cache``, bounded). With no request in flight and after the
         worker has seen the last ones finish (vLLM reports finished requests in the next step's
@@ -182,6 +194,8 @@ class XmixState:
             "variant_requests": int(self.variants.n_requests),
             "step_reads": len(self.reads.step_reads),
             "snapshots_pending": len(self.reads._snapshots),
+            "snapshots_taken": int(self.reads.taken),
+            "replicas_checked": int(self.replicas.done),
             "snapshot_pool": len(self.reads._free),
             "row_cache": len(sl._rows),
             "high_water": int(self.step.high_water),
