@@ -1,6 +1,6 @@
-"""Tensor parallelism on CPU: one real vLLM engine with ``tensor_parallel_size=2`` (eager, fp32,
-tiny Llama; two worker processes, vLLM's CPU communicator) against the HF oracle with plain hooks
-and against a one-rank engine with the same deployment.
+"""Tensor parallelism on CPU: real vLLM engines with ``tensor_parallel_size=2`` (eager, fp32, tiny
+Llama and tiny Mixtral; two worker processes each, vLLM's CPU communicator) against the HF oracle
+with plain hooks and, for Llama, against a one-rank engine with the same deployment.
 
 What must hold at TP=2 (the residual stream, the sub-layer outputs after vLLM's all-reduce and
 the router logits are replicated on every rank, and every rank applies the same writes to its
@@ -14,6 +14,8 @@ replica):
 - every rank checked that its hook sites see the whole, replicated tensor
   (``runtime.replicas``); an app replaced through ``collective_rpc("xmix_admin")`` reaches both
   ranks;
+- Mixtral: router biases, router-logit reads and an add at mlp_out (after ``FusedMoE``'s
+  all-reduce) equal HF;
 - pipeline parallelism is refused at engine configuration.
 """
 
@@ -275,3 +277,59 @@ def test_replica_check_compares_every_site():
     unrecorded = two(full, full, half, half)
     unrecorded[:, 1] = 0.0
     compare_replicas(unrecorded, [64, 64], names)
+
+
+# ---------------------------------------------------------------- MoE: the router hook at TP=2
+
+
+MOE_MLP = unit_rms(88)
+
+
+@pytest.fixture(scope="module")
+def moe_tp(tmp_path_factory, tp_env):
+    """Tiny Mixtral at TP=2 (each expert's MLP sharded over the ranks, ``FusedMoE`` reduces its
+    output; the gate is replicated): router biases, router-logit reads, an add at mlp_out."""
+    from conftest import HFOracle
+    from test_router import deployment as router_deployment
+
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.tiny import build_tiny_model
+
+    model = build_tiny_model("mixtral", root=tmp_path_factory.mktemp("mixtral") / "tiny-mixtral")
+    cfg = router_deployment()
+    a = MIApp("moe_out")
+    a.write("add", vector=MOE_MLP, scale=3.0).layers([1, 2]).submodule("hook_mlp_out")
+    cfg["xmix"]["apps"] += deploy(a)["xmix"]["apps"]
+    llm = make_llm(model, "eager", additional_config=cfg, tensor_parallel_size=2, worker_extension_cls=EXTENSION)
+    yield llm, HFOracle(model)
+    close_llm(llm)
+
+
+def test_moe_router_bias_reads_and_mlp_out_equal_hf(moe_tp):
+    from test_router import BOOST, MASK, hf_router_bias
+
+    llm, hf = moe_tp
+    plain = [hf.greedy(p, N) for p in PROMPTS]
+    assert toks(run(llm, PROMPTS, None)) == plain
+    with hf_router_bias(hf.model, {L: torch.tensor(MASK) for L in range(4)}):
+        want_mask = [hf.greedy(p, N) for p in PROMPTS]
+    with hf_router_bias(hf.model, {L: torch.tensor(BOOST) for L in (1, 2)}):
+        want_boost = [hf.greedy(p, N) for p in PROMPTS]
+    assert toks(run(llm, PROMPTS, ["mask2"])) == want_mask != plain
+    assert toks(run(llm, PROMPTS, ["boost"])) == want_boost != plain
+    d = {(L, "hook_mlp_out"): np.float32(3.0) * MOE_MLP for L in (1, 2)}
+    want = [hf.greedy(p, N, d) for p in PROMPTS]
+    twice = [hf.greedy(p, N, {k: 2 * v for k, v in d.items()}) for p in PROMPTS]
+    assert toks(run(llm, PROMPTS, ["moe_out"])) == want != plain
+    assert twice != want
+    outs = run(llm, PROMPTS, ["rlog"])
+    assert toks(outs) == plain
+    for o, q in zip(outs, PROMPTS):
+        ids = list(q) + list(o.outputs[0].token_ids)[:-1]
+        rec = hf.record(ids, [(L, "mlp.hook_router_logits") for L in (1, 3)])
+        for L in (1, 3):
+            got = o.mi_results["rlog"]["logits"][L]
+            assert got.shape == (len(ids), 4)
+            close(got, rec[(L, "mlp.hook_router_logits")], f"router logits @{L}")
+    counts = llm.collective_rpc("xmix_counts")
+    assert [c["replicas_checked"] for c in counts] == [1, 1]
