@@ -40,7 +40,12 @@ Checked:
   ``--shutdown-timeout 0`` is vLLM's own, with or without the plugin).
 
 ``XMIX_SOAK_SECONDS`` sets the load time of the measured rounds (default 60; a warm-up round
-of 15 s comes first).
+of 15 s comes first). On a GPU (the same test, same checks; see benchmarks/README.md, "Soak on
+the H200"): ``XMIX_SOAK_COMPILED=1`` serves in vLLM's default compiled mode (torch.compile and
+CUDA graphs, the plugin's graph variants) instead of ``--enforce-eager``,
+``XMIX_SOAK_CONCURRENCY`` sets the number of clients (default 12), ``XMIX_SOAK_SERVER_ARGS``
+adds server arguments (e.g. ``--gpu-memory-utilization 0.1``); there the worker's CUDA memory
+(allocated and reserved by PyTorch) must also be flat over the measured rounds.
 """
 
 from __future__ import annotations
@@ -58,8 +63,11 @@ from conftest import N_LAYERS, app_deltas, deployment, running_server, unit_rms
 
 pytestmark = pytest.mark.soak
 
-CONCURRENCY = 12  # clients; more than max_num_seqs (8), so requests also wait in the queue
+#: clients; more than max_num_seqs (8), so requests also wait in the queue
+CONCURRENCY = int(os.environ.get("XMIX_SOAK_CONCURRENCY", "12"))
 LOAD_S = float(os.environ.get("XMIX_SOAK_SECONDS", "60"))
+COMPILED = os.environ.get("XMIX_SOAK_COMPILED", "0") == "1"
+EXTRA_SERVER_ARGS = os.environ.get("XMIX_SOAK_SERVER_ARGS", "").split()
 ROUNDS = 2  # measured rounds (LOAD_S / ROUNDS each); ParameterUpdates.apply runs between rounds
 WARMUP_S = 15.0
 TOL = dict(rtol=1e-4, atol=1e-4)  # float32 read values: batched against solo GEMM shapes
@@ -78,6 +86,10 @@ GUARD_THRESHOLD = 0.0  # the probe "guard" stops a request at its first value be
 #: >= 1 KiB, so >= 4 MiB per kind here, and a leaked pinned or device-sized buffer far more.
 #: The bound sits ~8x above the noise; the per-request counts catch the small leaks it cannot.
 RSS_TOLERANCE_MIB = 16
+#: CUDA memory growth allowed over the measured rounds (GPU only): the KV cache and the graphs'
+#: pool are allocated at start-up, so steady load moves nothing but the caching allocator's
+#: rounding; one leaked snapshot or row per request would be >= 1 MiB here.
+DEVICE_TOLERANCE_MIB = 1
 ADMIN_KEY = "soak-admin-key"
 V2, V3 = unit_rms(74), unit_rms(75)  # happy's vector before round 0 / while round 0 streams
 W2 = unit_rms(76) / 8  # the probe's weight from round 0 on (bias -0.25)
@@ -568,9 +580,10 @@ def soak_server(tiny_llama, tmp_path_factory):
 
     log = tmp_path_factory.mktemp("soak") / "server.log"
     args = ["-m", "vllm.entrypoints.openai.api_server", "--model", tiny_llama, "--dtype", "float32",
-            "--max-model-len", "128", "--enforce-eager", "--max-num-seqs", "8", "--max-num-batched-tokens", "64",
-            "--block-size", "32", "--num-gpu-blocks-override", "10", "--worker-extension-cls", EXTENSION,
-            "--shutdown-timeout", "10", "--additional-config", json.dumps(soak_deployment())]
+            "--max-model-len", "128", *([] if COMPILED else ["--enforce-eager"]), "--max-num-seqs", "8",
+            "--max-num-batched-tokens", "64", "--block-size", "32", "--num-gpu-blocks-override", "10",
+            "--worker-extension-cls", EXTENSION, "--shutdown-timeout", "10",
+            "--additional-config", json.dumps(soak_deployment()), *EXTRA_SERVER_ARGS]
     procs: list = []
     # VLLM_SERVER_DEV_MODE: vLLM's development endpoints (/collective_rpc) on loopback, for the counts;
     # the admin key: the routes that change apps
@@ -696,7 +709,8 @@ def test_soak_mixed_load_with_faults(soak_server, hf):
                 stats["watched"] = stats.get("watched", 0) + len(old) + len(new)
 
             await load(WARMUP_S, 0)  # warm-up: lazily built caches and buffers, allocator high-water marks
-            assert_idle(await settle(s, url, pool), start)
+            dev0 = await settle(s, url, pool)
+            assert_idle(dev0, start)
             phase("warm-up round")
             rss0 = rss_mib(proc.pid)
             for k in range(ROUNDS):
@@ -723,6 +737,7 @@ def test_soak_mixed_load_with_faults(soak_server, hf):
                 refs.flush()
                 phase(f"references of the change during round {k}")
             rss1 = rss_mib(proc.pid)
+            dev1 = await settle(s, url, pool)
             m1 = await metrics(s, url)
             # happy and sad back to their deployed parameters, one more app added: every superseded
             # version released, the restored apps' content hashes (prefix-cache salts) as deployed
@@ -735,12 +750,16 @@ def test_soak_mixed_load_with_faults(soak_server, hf):
             last = dict(kind="cmpl", prompt=[5, 17, 300, 42, 9], sel=["happy", "late", "sad"], max_tokens=8, id=3000)
             status, resp = await Client(s, url, refs).post(*body(last))
             assert status == 200 and hf_check(hf, last, result_of(resp), updates.apps), resp
-            return stats, m0, m1, rss0, rss1
+            return stats, m0, m1, rss0, rss1, dev0, dev1
 
-    stats, m0, m1, rss0, rss1 = asyncio.run(main())
+    stats, m0, m1, rss0, rss1, dev0, dev1 = asyncio.run(main())
     stats.update(refs.stats)
     print("soak:", stats, "preemptions", m1["vllm:num_preemptions_total"] - m0["vllm:num_preemptions_total"])
     print("rss MiB before", rss0, "after", rss1)
+    device = {k: (dev0[k] / 2**20, dev1[k] / 2**20) for k in ("device_allocated_bytes", "device_reserved_bytes")
+              if k in dev0}
+    print("soak settings: seconds", LOAD_S, "clients", CONCURRENCY, "compiled", COMPILED, "server args",
+          EXTRA_SERVER_ARGS, "device MiB before/after", device)
     # the load had every kind of fault in it
     assert stats.get("completed", 0) > 50 and stats.get("streamed", 0) > 20, stats
     assert stats.get("aborted", 0) > 5 and stats.get("disconnected", 0) > 5 and stats.get("refused", 0) > 5, stats
@@ -751,6 +770,8 @@ def test_soak_mixed_load_with_faults(soak_server, hf):
     assert set(rss0) == set(rss1), (rss0, rss1)
     growth = sum(rss1.values()) - sum(rss0.values())
     assert growth < RSS_TOLERANCE_MIB, (growth, rss0, rss1)
+    for k, (before, after) in device.items():  # on a GPU
+        assert after - before < DEVICE_TOLERANCE_MIB, (k, before, after)
     text = log.read_text()
     assert "Traceback" not in text, text[text.index("Traceback") - 2000:][:6000]
 
