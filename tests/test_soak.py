@@ -44,7 +44,9 @@ of 15 s comes first). On a GPU (the same test, same checks; see benchmarks/READM
 the H200"): ``XMIX_SOAK_COMPILED=1`` serves in vLLM's default compiled mode (torch.compile and
 CUDA graphs, the plugin's graph variants) instead of ``--enforce-eager``,
 ``XMIX_SOAK_CONCURRENCY`` sets the number of clients (default 12), ``XMIX_SOAK_SERVER_ARGS``
-adds server arguments (e.g. ``--gpu-memory-utilization 0.1``); there the worker's CUDA memory
+adds server arguments (e.g. ``--gpu-memory-utilization 0.1 --attention-backend FLEX_ATTENTION``:
+vLLM's default float32 backend on CUDA, TRITON_ATTN, computes in TF32, 2e-3 away from the float32
+HF oracle); there the worker's CUDA memory
 (allocated and reserved by PyTorch) must also be flat over the measured rounds.
 """
 
