@@ -220,6 +220,10 @@ def test_bad_graph_variant_setting_is_refused_at_engine_start(tiny_llama, monkey
     monkeypatch.setenv("VLLM_XMIX_GRAPH_VARIANTS", "per-app")
     with pytest.raises(ValueError, match=r"VLLM_XMIX_GRAPH_VARIANTS='per-app': expected 'apps' \(the default\)"):
         make_llm(tiny_llama, "eager", additional_config=deploy(_app()))
+    monkeypatch.delenv("VLLM_XMIX_GRAPH_VARIANTS")
+    monkeypatch.setenv("VLLM_XMIX_PIECEWISE_VARIANTS", "full")
+    with pytest.raises(ValueError, match=r"VLLM_XMIX_PIECEWISE_VARIANTS='full': expected 'apps' \(the default\) or 'onoff'"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(_app()))
 
 
 def test_overflowing_deployed_scale_is_refused(tiny_llama):

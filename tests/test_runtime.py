@@ -117,9 +117,12 @@ def test_graph_wrapper_keeps_one_table_per_variant():
     from vllm.compilation.cuda_graph import CUDAGraphWrapper
     from vllm.plugins import load_general_plugins
 
+    from vllm.config import CUDAGraphMode
+
     load_general_plugins()
     st = state()
-    w = NS(vllm_config=_fake_config(st), runnable=lambda: "ran", concrete_cudagraph_entries={})
+    w = NS(vllm_config=_fake_config(st), runnable=lambda: "ran", concrete_cudagraph_entries={},
+           runtime_mode=CUDAGraphMode.PIECEWISE)
     first = w.concrete_cudagraph_entries
     assert CUDAGraphWrapper.__call__(w) == "ran"  # no forward context: runs the runnable
     assert "_xmix_tables" not in w.__dict__  # called outside a variant capture: one table
@@ -136,6 +139,18 @@ def test_graph_wrapper_keeps_one_table_per_variant():
     st.run_mask = 0b10  # a variant that was never captured: loud, never another variant's graphs
     with pytest.raises(RuntimeError, match="no CUDA graphs were captured for hook variant"):
         CUDAGraphWrapper.__call__(w)
+    # VLLM_XMIX_PIECEWISE_VARIANTS=onoff: a piecewise wrapper replays the every-site pieces for
+    # any step with an app on; a FULL wrapper still needs its variant's own graphs
+    st.variants.piecewise_onoff = True
+    CUDAGraphWrapper.__call__(w)
+    assert w.concrete_cudagraph_entries is first
+    full = NS(vllm_config=w.vllm_config, runnable=lambda: "ran", concrete_cudagraph_entries={},
+              runtime_mode=CUDAGraphMode.FULL)
+    with st.capture_variant(0):
+        CUDAGraphWrapper.__call__(full)
+    with pytest.raises(RuntimeError, match="no CUDA graphs were captured for hook variant 0x2"):
+        CUDAGraphWrapper.__call__(full)
+    st.variants.piecewise_onoff = False
     st.run_mask = 0
     w.concrete_cudagraph_entries = {}  # vLLM releases the graphs
     CUDAGraphWrapper.__call__(w)
@@ -330,6 +345,31 @@ def test_variants_without_compiled_graph_and_when_turned_off(monkeypatch):
     assert len(multi_state(fused_mode=True).graph_variants()) == 3
     monkeypatch.setenv("VLLM_XMIX_MAX_GRAPH_VARIANTS", "many")
     with pytest.raises(ValueError, match="VLLM_XMIX_MAX_GRAPH_VARIANTS='many': expected an integer >= 2"):
+        multi_state()
+
+
+def test_piecewise_variants_onoff(monkeypatch):
+    """VLLM_XMIX_PIECEWISE_VARIANTS=onoff: every per-app variant is still captured (its FULL
+    graphs), piecewise graphs only for the app-free and every-site variants; a step with one app
+    on replays that app's FULL graphs and the every-site pieces, an app-free step the app-free
+    ones; the default shares nothing; a bad value names the variable."""
+    st = multi_state(fused_mode=True)
+    per_app = st.graph_variants()
+    assert len(per_app) > 2 and all(st.variants.captures_pieces(m) for m in per_app)
+    step(st, new_reqs=[req("a", "probe")])
+    assert st.run_mask not in (0, st.all_mask) and st.variants.piecewise_mask() == st.run_mask
+    monkeypatch.setenv("VLLM_XMIX_PIECEWISE_VARIANTS", "onoff")
+    st = multi_state(fused_mode=True)
+    assert st.graph_variants() == per_app  # the FULL graphs keep one variant per app
+    assert [m for m in per_app if st.variants.captures_pieces(m)] == [0, st.all_mask]
+    step(st, new_reqs=[req("a", "probe")])
+    assert st.run_mask not in (0, st.all_mask) and st.run_mask in per_app
+    assert st.variants.piecewise_mask() == st.all_mask
+    step(st, new_reqs=[], finished=["a"])
+    step(st, new_reqs=[])
+    assert st.run_mask == 0 and st.variants.piecewise_mask() == 0
+    monkeypatch.setenv("VLLM_XMIX_PIECEWISE_VARIANTS", "some")
+    with pytest.raises(ValueError, match="VLLM_XMIX_PIECEWISE_VARIANTS='some': expected 'apps' \\(the default\\) or 'onoff'"):
         multi_state()
 
 

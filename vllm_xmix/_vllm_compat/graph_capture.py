@@ -81,6 +81,9 @@ def patch_graph_variants() -> None:
     which is what each variant's graphs record. ``VLLM_USE_BREAKABLE_CUDAGRAPH`` keeps its own graph tables: variants are
     turned off there (``GraphVariants.variants_enabled``)."""
     from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.config import CUDAGraphMode
+
+    _PIECEWISE = CUDAGraphMode.PIECEWISE
 
     def wrap_call(orig):
         @functools.wraps(orig)
@@ -94,12 +97,14 @@ def patch_graph_variants() -> None:
                 if tables is None and gv.capturing_variants:
                     tables = d["_xmix_tables"] = {gv.all_mask: self.concrete_cudagraph_entries}
                 if tables is not None:
-                    t = tables.get(gv.run_mask)
+                    # piecewise wrappers may share the every-site pieces (VLLM_XMIX_PIECEWISE_VARIANTS)
+                    mask = gv.piecewise_mask() if self.runtime_mode is _PIECEWISE else gv.run_mask
+                    t = tables.get(mask)
                     if t is None:
                         if not gv.capturing_variants:
                             raise RuntimeError(f"vllm_xmix: no CUDA graphs were captured for hook variant "
-                                               f"{gv.run_mask:#x} (captured: {[hex(m) for m in tables]})")
-                        t = tables[gv.run_mask] = {}
+                                               f"{mask:#x} (captured: {[hex(m) for m in tables]})")
+                        t = tables[mask] = {}
                     self.concrete_cudagraph_entries = d["_xmix_cur"] = t
             return orig(self, *args, **kwargs)
 
@@ -125,7 +130,11 @@ def patch_graph_variants() -> None:
             gv = _variants_of(self.vllm_config)
             if gv is None:
                 return orig(self, desc, *args, **kwargs)
-            *rest, last = gv.graph_variants()  # app-free first, every site last
+            masks = gv.graph_variants()  # app-free first, every site last
+            mode = kwargs.get("cudagraph_runtime_mode", args[0] if args else None)
+            if mode == CUDAGraphMode.PIECEWISE:
+                masks = [m for m in masks if gv.captures_pieces(m)]
+            *rest, last = masks
             for mask in rest:
                 with gv.capture_variant(mask):
                     orig(self, desc, *args, **kwargs)
@@ -148,10 +157,16 @@ def patch_graph_variants() -> None:
             if gv is None:
                 return orig(self, *args, **kwargs)
             tables, costs = {}, []
+            descs = self._capture_descs
             for mask in gv.graph_variants():  # app-free first, every site last
                 self.graphs = {}
-                with _variant_cost(mask, costs), gv.capture_variant(mask):
-                    orig(self, *args, **kwargs)
+                if not gv.captures_pieces(mask):  # FULL graphs only (VLLM_XMIX_PIECEWISE_VARIANTS=onoff)
+                    self._capture_descs = {m: d for m, d in descs.items() if m != CUDAGraphMode.PIECEWISE}
+                try:
+                    with _variant_cost(mask, costs), gv.capture_variant(mask):
+                        orig(self, *args, **kwargs)
+                finally:
+                    self._capture_descs = descs
                 tables[mask] = self.graphs
             _log_variant_costs(costs)  # what each extra variant costs (time, graphs, memory)
             self._xmix_graphs = tables

@@ -45,6 +45,24 @@ def graph_variant_settings() -> tuple[str, int]:
     return ("apps" if mode == "1" else mode), int(raw)
 
 
+def piecewise_variant_setting() -> str:
+    """``VLLM_XMIX_PIECEWISE_VARIANTS``: ``apps`` (the default: piecewise CUDA graphs are
+    captured for every variant, like the FULL graphs) or ``onoff`` (piecewise graphs only for the
+    app-free and the every-site variants; the FULL graphs of uniform decode batches keep one
+    variant per app). With ``onoff`` a step that runs piecewise graphs (prefill or mixed
+    prefill + decode) with any app on replays the every-site pieces, whose ops gate every entry
+    on the device: the same values, more kernels in those steps, and per extra variant only its
+    FULL graphs (a FULL graph per captured size against one per piece and size; see
+    docs/design.md, graph memory).
+
+    Raises:
+        ValueError: another value, naming the variable."""
+    mode = os.environ.get("VLLM_XMIX_PIECEWISE_VARIANTS", "apps")
+    if mode not in ("apps", "onoff"):
+        raise ValueError(f"VLLM_XMIX_PIECEWISE_VARIANTS={mode!r}: expected 'apps' (the default) or 'onoff'")
+    return mode
+
+
 @dataclass(frozen=True)
 class SitePlan:
     """What a hook op applies at one site under one run mask (:meth:`GraphVariants.site_plan`):
@@ -79,6 +97,8 @@ class GraphVariants:
         mode, self.max_variants = graph_variant_settings()
         self.variants_enabled = mode != "0" and os.environ.get("VLLM_USE_BREAKABLE_CUDAGRAPH", "0") != "1"
         self.variant_mode = mode
+        #: piecewise graphs only for the app-free and every-site variants (piecewise_variant_setting)
+        self.piecewise_onoff = piecewise_variant_setting() == "onoff"
         self.run_mask = self.all_mask
         self.capturing_variants = False
         self.variant_steps: Counter = Counter()
@@ -226,6 +246,17 @@ class GraphVariants:
             mask = self.all_mask
         self.run_mask = mask
         self.variant_steps[mask] += 1
+
+    def captures_pieces(self, mask: int) -> bool:
+        """Whether piecewise CUDA graphs are captured for variant ``mask`` (all variants; with
+        ``VLLM_XMIX_PIECEWISE_VARIANTS=onoff`` the app-free and the every-site one only)."""
+        return not self.piecewise_onoff or mask == 0 or mask == self.all_mask
+
+    def piecewise_mask(self) -> int:
+        """The variant whose piecewise graphs this step replays: the step's run mask, or with
+        ``VLLM_XMIX_PIECEWISE_VARIANTS=onoff`` the every-site variant whenever any app is on."""
+        m = self.run_mask
+        return self.all_mask if (m and self.piecewise_onoff) else m
 
     @contextlib.contextmanager
     def capture_variant(self, mask: int):

@@ -11,7 +11,7 @@ import logging
 import os
 
 from ..hf_config import n_experts, text_config
-from ..runtime import RUNTIME_ID, check_buffer_bytes, engine_limits, graph_variant_settings
+from ..runtime import RUNTIME_ID, check_buffer_bytes, engine_limits, graph_variant_settings, piecewise_variant_setting
 from ..spec import CONFIG_KEY, XmixSpecError, parse_deployment, validate_deployment
 from .requests import check_write_magnitude
 
@@ -38,6 +38,7 @@ def validate_engine_config(vllm_config) -> None:
 
     try:
         graph_variant_settings()
+        piecewise_variant_setting()
     except ValueError as e:
         raise XmixSpecError(f"additional_config.xmix: {e}") from None
 
