@@ -179,3 +179,43 @@ def test_a_single_round_inside_the_bound_is_unresolved_not_met():
     assert report.judge(one_out, 1.0, False) == "fail"
     assert report.judge(three_in, 1.0, False) == "ok"
     assert report.judge({"ratio": 0.999, "min": 0.999, "max": 0.999, "n": 1}, 1.0, True) == "unsure"
+
+
+def test_checkpoint_writes_the_same_weights_for_a_seed_and_loads_in_transformers(tmp_path):
+    """``checkpoint`` (the same weights for TP=1 and TP=2 engines): a seed gives the same tensors,
+    another seed others, ``--layers`` keeps the first N layers; transformers loads the folder."""
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    cfg = common.write_model_config(str(tmp_path / "cfg"), layers=3)
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        assert main(["checkpoint", "--model", cfg, "--out", str(tmp_path / name), "--dtype", "float32",
+                     "--seed", str(seed), "--layers", "2"]) == 0
+    a, b, c = (load_file(str(tmp_path / n / "model.safetensors")) for n in "abc")
+    assert set(a) == set(b) and all((a[k] == b[k]).all() for k in a)
+    assert any(not (a[k] == c[k]).all() for k in a if k.endswith("proj.weight"))
+    assert {k.split(".")[2] for k in a if k.startswith("model.layers.")} == {"0", "1"}
+    m = AutoModelForCausalLM.from_pretrained(str(tmp_path / "a"))
+    assert m.config.num_hidden_layers == 2
+
+
+def test_hooks_check_compare_names_what_ran_and_takes_a_plain_file(tmp_path, capsys):
+    """``hooks-check --compare`` of a plugin file against a TP=2 file and against a ``--plain``
+    one (no-app tokens only): counts per app, labels from the files, nothing else compared."""
+    from benchmarks.xmix_bench import hooks_check
+
+    t = {"none": [[1, 2], [3, 4]], "add": [[1, 5], [3, 4]], "probe": [[1, 2], [3, 4]]}
+    a = {"eager": False, "tp": 1, "tokens": t, "reads": {"probe": [{"p": [0.5, 1.0]}, {"p": [1.0]}]}}
+    b = {"eager": False, "tp": 2, "tokens": {"none": [[1, 2], [3, 4]], "add": [[1, 5], [3, 9]],
+                                             "probe": [[1, 2], [3, 4]]},
+         "reads": {"probe": [{"p": [0.5, 1.1]}, {"p": [1.0]}]}}
+    plain = {"eager": False, "tp": 2, "plain": True, "tokens": {"none": [[1, 2], [3, 7]]}}
+    for n, r in (("a", a), ("b", b), ("p", plain)):
+        (tmp_path / f"{n}.json").write_text(json.dumps(r))
+    hooks_check.compare(str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    out = capsys.readouterr().out
+    assert "add                  graphs==graphs-tp2 1/2   changed vs no-app 1/2" in out
+    assert "probe                reads graphs vs graphs-tp2: 3 values, max rel err 0.0909" in out
+    hooks_check.compare(str(tmp_path / "a.json"), str(tmp_path / "p.json"))
+    out = capsys.readouterr().out
+    assert "none                 graphs==plain-graphs-tp2 1/2" in out and "add " not in out

@@ -151,13 +151,14 @@ def serving_apps(cfg: dict, vec_dir: str | None = None, scale: float = 0.5, name
 
 
 def make_llm(model_dir: str, *, apps=(), fused_writes: str = "auto", eager: bool = False, dtype: str = "bfloat16",
-             max_model_len: int = 2048, **kw):
-    """``vllm.LLM`` on dummy weights with token-id prompts (no tokenizer), ``apps`` deployed
-    (none: plain vLLM, as far as this process goes; run it with ``VLLM_PLUGINS=""`` to keep the
-    plugin out). Returns ``(llm, start-up seconds)``."""
+             max_model_len: int = 2048, load_format: str = "dummy", **kw):
+    """``vllm.LLM`` on dummy weights (``load_format="auto"``: the checkpoint in ``model_dir``)
+    with token-id prompts (no tokenizer), ``apps`` deployed (none: plain vLLM, as far as this
+    process goes; run it with ``VLLM_PLUGINS=""`` to keep the plugin out). Returns ``(llm,
+    start-up seconds)``."""
     from vllm import LLM
 
-    args = dict(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=dtype,
+    args = dict(model=str(model_dir), load_format=load_format, skip_tokenizer_init=True, dtype=dtype,
                 max_model_len=max_model_len, enforce_eager=eager, seed=0, **kw)
     if apps:
         from vllm_xmix import deploy

@@ -36,6 +36,12 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--fused-writes", choices=["auto", "none", "adds", "all", "norm"], default="auto",
                    help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
+    p.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (TP=2 against TP=1: the same weights, "
+                   "see the checkpoint subcommand and --load-format auto)")
+    p.add_argument("--load-format", default="dummy", help="vLLM load_format: dummy (random per rank), auto (the "
+                   "checkpoint in --model)")
+    p.add_argument("--plain", action="store_true", help="no apps deployed: the no-app tokens only (run with "
+                   "VLLM_PLUGINS= for plain vLLM), to compare with the plugin's 'none'")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two files written by this command")
 
 
@@ -149,20 +155,28 @@ def run(args) -> None:
     import numpy as np
 
     cfg = common.load_config(args.model)
-    apps = apps_for(cfg)
+    apps = [] if args.plain else apps_for(cfg)
     llm, startup = common.make_llm(args.model, apps=apps, fused_writes=args.fused_writes, eager=args.eager,
                                    dtype=args.dtype, max_model_len=1024, gpu_memory_utilization=args.gpu_mem,
-                                   max_num_batched_tokens=512)
+                                   max_num_batched_tokens=512, tensor_parallel_size=args.tp,
+                                   load_format=args.load_format)
     info = common.engine_info(llm)
     prompts = common.token_prompts(1, args.prompts, 16, 600, cfg["vocab_size"])
     res = {"startup_s": round(startup, 1), "eager": args.eager, "fused_writes": args.fused_writes, "tokens": {},
            "reads": {}, "async_scheduling": info["async_scheduling"], "v2_runner": info["v2_runner"],
+           "tp": args.tp, "load_format": args.load_format, "plain": args.plain,
            "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
 
     def sp(name, n):
         return common.sampling(None if name == "none" else [name], temperature=0, max_tokens=n, ignore_eos=True)
 
     names = ["none"] + [a.name for a in apps]
+    if args.plain:
+        outs = llm.generate(prompts, sp("none", args.tokens), use_tqdm=False)
+        res["tokens"]["none"] = [list(o.outputs[0].token_ids) for o in outs]
+        common.write_json(args.out, res, indent=None)
+        print("DONE", args.out, res["startup_s"], flush=True)
+        return
     for name in names:
         outs = llm.generate(prompts, sp(name, args.tokens), use_tqdm=False)
         res["tokens"][name] = [list(o.outputs[0].token_ids) for o in outs]
@@ -205,17 +219,30 @@ def run(args) -> None:
     print("DONE", args.out, res["startup_s"], flush=True)
 
 
+def _label(r: dict) -> str:
+    """What a result file ran: graphs / eager, TP=n where n > 1, plain vLLM."""
+    lab = "eager" if r.get("eager") else "graphs"
+    if r.get("tp", 1) > 1:
+        lab += f"-tp{r['tp']}"
+    return ("plain-" + lab) if r.get("plain") else lab
+
+
 def compare(a_path: str, b_path: str) -> None:
     import numpy as np
 
     a, b = common.read_json(a_path), common.read_json(b_path)
+    la, lb = _label(a), _label(b)
     base = a["tokens"]["none"]
     for name, ta in a["tokens"].items():
+        if name not in b["tokens"]:
+            continue  # a --plain file has the no-app tokens only
         tb = b["tokens"][name]
         same = sum(x == y for x, y in zip(ta, tb))
         changed = sum(x != y for x, y in zip(ta, base)) if name != "none" else 0
-        print(f"{name:20s} graphs==eager {same}/{len(ta)}   changed vs no-app {changed}/{len(ta)}")
+        print(f"{name:20s} {la}=={lb} {same}/{len(ta)}   changed vs no-app {changed}/{len(ta)}")
     for name, ra in a.get("reads", {}).items():
+        if name not in b.get("reads", {}):
+            continue
         rb = b["reads"][name]
         errs, n_vals = [], 0
         for x, y, tx, ty in zip(ra, rb, a["tokens"][name], b["tokens"][name]):
@@ -225,7 +252,10 @@ def compare(a_path: str, b_path: str) -> None:
                 u, v = np.array(x[k]), np.array(y[k])
                 n_vals += u.size
                 errs.append(float(np.max(np.abs(u - v)) / max(np.max(np.abs(v)), 1e-6)))
-        print(f"{name:20s} reads graphs vs eager: {n_vals} values, max rel err {max(errs):.3g}, "
+        if not errs:
+            print(f"{name:20s} reads {la} vs {lb}: no request with equal tokens")
+            continue
+        print(f"{name:20s} reads {la} vs {lb}: {n_vals} values, max rel err {max(errs):.3g}, "
               f"median {np.median(errs):.3g}")
     for tag, r in (("A", a), ("B", b)):
         print(f"teacher-forced alignment {tag}: {r.get('teacher_forced')}")
