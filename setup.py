@@ -10,7 +10,9 @@ from importlib.metadata import PackageNotFoundError, version
 
 from setuptools import setup
 
-VLLM_VERSION = "0.26.0"
+# the vLLM version declared: 0.26.0 (the primary one) unless XMIX_VLLM_VERSION names another tested
+# one (scripts/setup-cpu.sh 0.32.0 builds .venv-vllm032 with it)
+VLLM_VERSION = os.environ.get("XMIX_VLLM_VERSION", "0.26.0")
 
 
 def _vllm_requirement() -> str:
