@@ -38,7 +38,7 @@ The patches call into the runtime (:mod:`vllm_xmix.runtime`) and the checks
 
 from __future__ import annotations
 
-from .core import _PATCHED, SUPPORTED_VLLM, version_supported, vllm_version
+from .core import _PATCHED, PRIMARY_VLLM, SUPPORTED_VLLM, supported_text, version_supported, vllm_version
 from .engine_args import patch_refusal as _patch_refusal
 
 
@@ -71,4 +71,4 @@ def apply_patches() -> list[str]:
     return list(_PATCHED)
 
 
-__all__ = ["SUPPORTED_VLLM", "apply_patches", "version_supported", "vllm_version"]
+__all__ = ["PRIMARY_VLLM", "SUPPORTED_VLLM", "apply_patches", "supported_text", "version_supported", "vllm_version"]
