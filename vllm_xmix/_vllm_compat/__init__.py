@@ -1,6 +1,11 @@
-"""Everything that touches vLLM internals, in one place (vLLM 0.26.x), one module per vLLM
-component it patches. Each patch wraps the original (kept as ``__wrapped__``), is applied once
-(:func:`apply_patches` is idempotent) and initialises no CUDA:
+"""Everything that touches vLLM internals, in one place, one module per vLLM component it
+patches. The tested vLLM versions are :data:`.core.SUPPORTED_VLLM` (0.26.x, the primary one, and
+0.32.x); on any other version only the refusal patch is applied (an engine with apps deployed does
+not start, naming the installed and the tested versions). The component modules are written once
+for every tested version; what differs between versions is stated in :mod:`.versions`, one small
+table per version series (:mod:`.versions.v0_26`, :mod:`.versions.v0_32`), which they consult
+(:func:`.versions.table`) instead of testing version numbers. Each patch wraps the original (kept
+as ``__wrapped__``), is applied once (:func:`apply_patches` is idempotent) and initialises no CUDA:
 
 * :mod:`.engine_args` -- ``EngineArgs.create_engine_config``: the deployment is checked against
   the model and engine when the engine is configured (on an unsupported vLLM: refused);
