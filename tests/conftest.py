@@ -268,7 +268,7 @@ def close_llm(llm) -> None:
     gc.collect()
 
 
-@pytest.fixture(scope="module", params=["eager", "compiled"])
+@pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=pytest.mark.one_version)])
 def steer_llm(request, tiny_llama):
     """An engine with the 'happy' and 'sad' apps deployed, enforce_eager or torch.compile."""
     llm = make_llm(tiny_llama, request.param, additional_config=deployment())

@@ -56,7 +56,7 @@ import numpy as np
 import pytest
 from conftest import N_LAYERS, app_deltas, deployment, running_server, unit_rms
 
-pytestmark = pytest.mark.soak
+pytestmark = [pytest.mark.soak, pytest.mark.one_version]
 
 CONCURRENCY = 12  # clients; more than max_num_seqs (8), so requests also wait in the queue
 LOAD_S = float(os.environ.get("XMIX_SOAK_SECONDS", "60"))

@@ -21,10 +21,14 @@ class VersionTable:
     ``unserved_architectures``: HF architectures of :data:`vllm_xmix.adapters.ADAPTERS` that this
     vLLM serves with other classes than the adapter's (e.g. through its Transformers backend): an
     app deployed on one is refused at engine start, and their adapters' classes are not patched.
+    ``moe_block_calls_its_gate``: whether a MoE block that handed its gate to the ``FusedMoE``
+    runner calls the gate itself once the runner has none (:mod:`.fused_moe`); where it does not,
+    a pre-hook on the runner does.
     """
 
     series: tuple[int, int]
     unserved_architectures: dict[str, str] = field(default_factory=dict)
+    moe_block_calls_its_gate: bool = True
 
 
 def _tables() -> dict[tuple[int, int], VersionTable]:
