@@ -69,20 +69,30 @@ def extra_apps(fam: str) -> list:
     return out
 
 
+#: families whose vLLM classes another family's engine already builds (Phi-3: Llama's), run on the
+#: primary vLLM only (marker one_version); every other family's eager engine runs on each tested vLLM
+ONE_VERSION_FAMILIES = ("phi3",)
+
+
 def _eager(fam: str):
     """A family's eager engine; skipped where the installed vLLM does not serve the architecture with
     the adapter's classes (OLMo 3 on vLLM 0.32: refused, tests/test_plugin.py)."""
     from vllm_xmix.tiny import TINY_SPECS
 
     why = unserved_here(TINY_SPECS[fam]["arch"])
-    return pytest.param((fam, "eager", "auto"), id=f"{fam}-eager", marks=[pytest.mark.skip(reason=why)] if why else [])
+    marks = [pytest.mark.skip(reason=why)] if why else []
+    if fam in ONE_VERSION_FAMILIES:
+        marks.append(pytest.mark.one_version)
+    return pytest.param((fam, "eager", "auto"), id=f"{fam}-eager", marks=marks)
 
 
 ENGINES = [_eager(f) for f in FAMILIES] + [
     # [compiled]: the heaviest parametrizations (measured on 2 cores: 17-26 s to start with
     # torch.compile, Inductor's cache as earlier runs left it; the eager engines 14-26 s)
-    pytest.param(("granite", "compiled", "all"), id="granite-compiled-fused_all", marks=pytest.mark.slow),
-    pytest.param(("qwen3_moe", "compiled", "auto"), id="qwen3_moe-compiled", marks=pytest.mark.slow),
+    pytest.param(("granite", "compiled", "all"), id="granite-compiled-fused_all",
+                 marks=[pytest.mark.slow, pytest.mark.one_version]),
+    pytest.param(("qwen3_moe", "compiled", "auto"), id="qwen3_moe-compiled",
+                 marks=[pytest.mark.slow, pytest.mark.one_version]),
 ]
 
 
