@@ -322,12 +322,12 @@ def running_server(args: list[str], log, env: dict | None = None, proc_out: list
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``one_version`` run only on the primary vLLM version (``PRIMARY_VLLM``, 0.26.x):
     on another tested version they are skipped, naming the marker (what runs there: every patched
-    vLLM path at least once; CONTRIBUTING.md, Running the tests)."""
+    vLLM path at least once; CONTRIBUTING.md, Running the tests), unless ``XMIX_ALL_VERSIONS=1``."""
     from vllm_xmix._vllm_compat.core import PRIMARY_VLLM, version_series, vllm_version
 
     v = vllm_version()
-    if version_series(v) == PRIMARY_VLLM:
-        return
+    if version_series(v) == PRIMARY_VLLM or os.environ.get("XMIX_ALL_VERSIONS") == "1":
+        return  # (XMIX_ALL_VERSIONS=1: the whole suite on any tested version)
     skip = pytest.mark.skip(reason=f"one_version: runs only on the primary vLLM {PRIMARY_VLLM[0]}.{PRIMARY_VLLM[1]}.x "
                                    f"(this is vLLM {v})")
     for item in items:
