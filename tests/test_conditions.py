@@ -223,6 +223,7 @@ def test_prefix_cache_on_off_identical_and_salting(tiny_llama, hf, thresholds):
         close_llm(off)
 
 
+@pytest.mark.one_version
 def test_aborted_requests_free_their_slots(tiny_llama, thresholds, hf):
     """max_num_seqs=2 gives 4 slots; 12 requests with apps aborted mid-generation must not
     exhaust them, and the next requests are still right."""

@@ -126,6 +126,7 @@ def test_every_write_at_every_hook_equals_hf(family_engine):
         assert want != plain, f"{name}: the write must change this tiny model's output"
 
 
+@pytest.mark.one_version  # (every family's classes are built and written through on each version)
 def test_every_read_at_every_hook_equals_hf_in_a_mixed_batch(family_engine):
     """Probes and captures at every hook point (read-only: tokens unchanged), and one batch of
     requests with different reads and writes (one without apps), each equal to HF."""
@@ -153,6 +154,7 @@ def test_every_read_at_every_hook_equals_hf_in_a_mixed_batch(family_engine):
         check_reads(o, q, hf, [n for n in names if n in READS], d, f)
 
 
+@pytest.mark.one_version  # (every family's classes are built and written through on each version)
 def test_hook_points_mean_what_the_table_says(family_engine):
     """``docs/hooks.md``'s meaning of the five hooks on this family, from vLLM's own captures:
     ``resid_mid = resid_pre + k attn_out``, ``resid_post = resid_mid + k mlp_out`` (k: Granite's
