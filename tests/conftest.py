@@ -268,7 +268,7 @@ def close_llm(llm) -> None:
     gc.collect()
 
 
-@pytest.fixture(scope="module", params=["eager", "compiled"])
+@pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=pytest.mark.one_version)])
 def steer_llm(request, tiny_llama):
     """An engine with the 'happy' and 'sad' apps deployed, enforce_eager or torch.compile."""
     llm = make_llm(tiny_llama, request.param, additional_config=deployment())
@@ -317,3 +317,29 @@ def running_server(args: list[str], log, env: dict | None = None, proc_out: list
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``one_version`` run only on the primary vLLM version (``PRIMARY_VLLM``, 0.26.x):
+    on another tested version they are skipped, naming the marker (what runs there: every patched
+    vLLM path at least once; CONTRIBUTING.md, Running the tests), unless ``XMIX_ALL_VERSIONS=1``."""
+    from vllm_xmix._vllm_compat.core import PRIMARY_VLLM, version_series, vllm_version
+
+    v = vllm_version()
+    if version_series(v) == PRIMARY_VLLM or os.environ.get("XMIX_ALL_VERSIONS") == "1":
+        return  # (XMIX_ALL_VERSIONS=1: the whole suite on any tested version)
+    skip = pytest.mark.skip(reason=f"one_version: runs only on the primary vLLM {PRIMARY_VLLM[0]}.{PRIMARY_VLLM[1]}.x "
+                                   f"(this is vLLM {v})")
+    for item in items:
+        if item.get_closest_marker("one_version") is not None:
+            item.add_marker(skip)
+
+
+def unserved_here(arch: str) -> str | None:
+    """Why the installed vLLM does not serve HF architecture ``arch`` with its adapter's classes
+    (``_vllm_compat.versions``), or None: the tests of that family are skipped with this reason."""
+    from vllm_xmix._vllm_compat.core import vllm_version
+    from vllm_xmix._vllm_compat.versions import table
+
+    why = table().unserved_architectures.get(arch)
+    return None if why is None else f"{arch} on vLLM {vllm_version()}: {why} (refusal: tests/test_plugin.py)"

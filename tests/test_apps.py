@@ -17,6 +17,8 @@ import torch
 
 from conftest import PROMPTS, close_llm, make_llm
 
+pytestmark = pytest.mark.one_version  # runs on the primary vLLM only (CONTRIBUTING.md, Running the tests)
+
 N_NEW = 8
 
 

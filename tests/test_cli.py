@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 
 import numpy as np
+import pytest
 from conftest import HAPPY_LAYERS, HAPPY_SCALE, PROMPTS, V_HAPPY, app_deltas, running_server
 
 from vllm_xmix import cli
@@ -65,6 +66,7 @@ def test_apps_validate_checks_against_the_model_config(tiny_llama, tmp_path, cap
     assert "no such model folder" in capsys.readouterr().err
 
 
+@pytest.mark.one_version  # (the server path runs on every version in test_serve.py)
 def test_serve_with_a_deployment_file(tiny_llama, tmp_path, hf):
     """`vllm-xmix serve MODEL --apps FILE` starts vLLM's OpenAI server with the file's apps; a
     request selects them with a top-level mi_apps field and gets HF's steered tokens. The file's

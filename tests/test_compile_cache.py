@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from conftest import PROMPTS, app_deltas, deployment
 
+pytestmark = pytest.mark.one_version  # runs on the primary vLLM only (CONTRIBUTING.md, Running the tests)
+
 HERE = os.path.dirname(__file__)
 
 

@@ -117,7 +117,7 @@ def gen(llm, prompts, apps, n=N):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-@pytest.fixture(scope="module", params=["eager", "compiled"])
+@pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=pytest.mark.one_version)])
 def cond_llm(request, tiny_llama, thresholds):
     llm = make_llm(tiny_llama, request.param, additional_config=deployment(*thresholds))
     yield llm
@@ -182,6 +182,7 @@ def chunk_engines(tiny_llama, thresholds):
         close_llm(llm)
 
 
+@pytest.mark.one_version
 def test_chunk_sizes_give_identical_results(chunk_engines, hf, thresholds):
     prompts = [LONG, LONG[::-1], LONG[:40], [7, 8, 9]]
     for name in ("seal", "seal_prev", "cast", "cast_tok"):
@@ -190,6 +191,7 @@ def test_chunk_sizes_give_identical_results(chunk_engines, hf, thresholds):
         assert res[16] == [ref(hf, name, p, thresholds) for p in prompts], name
 
 
+@pytest.mark.one_version
 def test_prefix_cache_on_off_identical_and_salting(tiny_llama, hf, thresholds):
     """Same outputs with prefix caching on (second round hits the cache) and off. A request whose
     apps can write at prompt positions never reuses an app-free request's prompt blocks; a
@@ -221,6 +223,7 @@ def test_prefix_cache_on_off_identical_and_salting(tiny_llama, hf, thresholds):
         close_llm(off)
 
 
+@pytest.mark.one_version
 def test_aborted_requests_free_their_slots(tiny_llama, thresholds, hf):
     """max_num_seqs=2 gives 4 slots; 12 requests with apps aborted mid-generation must not
     exhaust them, and the next requests are still right."""

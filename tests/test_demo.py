@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.one_version  # runs on the primary vLLM only (CONTRIBUTING.md, Running the tests)
+
 
 def test_demo_main_job(tmp_path):
     pytest.importorskip("matplotlib")

@@ -10,6 +10,10 @@ import shutil
 import subprocess
 import sysconfig
 
+import pytest
+
+pytestmark = pytest.mark.one_version  # runs on the primary vLLM only (CONTRIBUTING.md, Running the tests)
+
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 

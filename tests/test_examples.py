@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.one_version  # runs on the primary vLLM only (CONTRIBUTING.md, Running the tests)
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # per script: a line it must print (what the app did)
 EXPECT = {

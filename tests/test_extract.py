@@ -141,6 +141,7 @@ def test_vector_file_errors(tmp_path):
         load_vectors(tmp_path / "junk.gguf")
 
 
+@pytest.mark.one_version
 def test_gguf_control_vector_deployed_equals_hf(tiny_llama, hf, tmp_path):
     """A control vector file applies as llama.cpp applies it: direction.L added at the output of
     layer L, scaled per request."""

@@ -36,7 +36,7 @@ from conftest import D_MODEL, HAPPY_LAYERS, N_LAYERS, app_deltas, close_llm, dep
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-pytestmark = pytest.mark.fuzz
+pytestmark = [pytest.mark.fuzz, pytest.mark.one_version]
 
 #: deterministic examples by default (CI: the same inputs every run, bounded time);
 #: XMIX_FUZZ_RANDOM=1 draws new ones each run, XMIX_FUZZ_SCALE=k runs k times as many

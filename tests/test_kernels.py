@@ -14,6 +14,8 @@ import torch
 
 from vllm_xmix.kernels.steer_add import steer_add_reference
 
+pytestmark = pytest.mark.one_version  # no vLLM path: runs on the primary vLLM only (CONTRIBUTING.md)
+
 CASES = [  # (T, D, n_slots, n_entries_total, site_entries)
     (7, 64, 4, 3, [0, 2]),
     (1, 96, 3, 1, [0]),

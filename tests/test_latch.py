@@ -16,6 +16,8 @@ import pytest
 import torch
 from conftest import close_llm, make_llm, unit_rms
 
+pytestmark = pytest.mark.one_version  # runs on the primary vLLM only (CONTRIBUTING.md, Running the tests)
+
 LAYER = 1  # the trigger read: blocks.1.hook_resid_post
 WRITE_LAYERS = [2, 3]  # the latched add: blocks.{2,3}.hook_resid_post
 V = unit_rms(31)

@@ -34,19 +34,21 @@ def test_register_idempotent_and_patches_in_place():
     assert hasattr(torch.ops.vllm_xmix, "hook_write_")
 
 
-@pytest.mark.parametrize("v, ok", [("0.26.0", True), ("0.26.3", True), ("0.26.0+cpu", True),
-                                   ("0.25.1", False), ("0.27.0", False), ("1.0.0", False), ("dev", False)])
+@pytest.mark.parametrize("v, ok", [("0.26.0", True), ("0.26.3", True), ("0.26.0+cpu", True), ("0.32.0", True),
+                                   ("0.32.1", True), ("0.25.1", False), ("0.25.0", False), ("0.27.0", False),
+                                   ("0.31.0", False), ("0.33.0", False), ("1.0.0", False), ("dev", False)])
 def test_version_range(v, ok):
     from vllm_xmix._vllm_compat import version_supported
 
     assert version_supported(v) is ok
 
 
-def test_refuses_unsupported_vllm_loudly():
-    """On an unsupported vLLM, an engine with apps deployed must not start (no silent no-op)."""
+@pytest.mark.parametrize("v", ["0.25.0", "0.31.0"])
+def test_refuses_unsupported_vllm_loudly(v):
+    """On an untested vLLM, an engine with apps deployed must not start (no silent no-op)."""
     code = r"""
 import vllm_xmix._vllm_compat as c
-c.vllm_version = lambda: "0.25.0"
+c.vllm_version = lambda: %r
 from vllm_xmix import plugin, MIApp, deploy
 plugin.register()
 from vllm.engine.arg_utils import EngineArgs
@@ -58,9 +60,9 @@ except RuntimeError as e:
 """
     from vllm_xmix.tiny import build_tiny_model
 
-    r = subprocess.run([sys.executable, "-c", code % build_tiny_model()], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", code % (v, build_tiny_model())], capture_output=True, text=True,
                        env={**__import__("os").environ, "VLLM_PLUGINS": ""})
-    assert "REFUSED vllm-xmix supports vLLM >= 0.26.0, < 0.27.0; this is vLLM 0.25.0" in r.stdout, r.stderr[-3000:]
+    assert f"REFUSED vllm-xmix is tested on vLLM 0.26.x, 0.32.x only; this is vLLM {v}" in r.stdout, r.stderr[-3000:]
 
 
 def test_cpu_install_never_requires_cuda_vllm():
@@ -106,10 +108,36 @@ def test_non_default_args_line_shortens_the_deployments_vectors(tiny_llama):
     log = logging.getLogger("vllm.entrypoints.serve.utils.api_utils")
     h = Keep()
     log.addHandler(h)
+    level = log.level
+    log.setLevel(logging.INFO)  # (vLLM 0.32 configures its loggers when an engine or server starts)
     try:
         log_non_default_args(EngineArgs(model=tiny_llama, additional_config=deploy(a), max_model_len=99))
     finally:
         log.removeHandler(h)
+        log.setLevel(level)
     line = next(r for r in records if r.startswith("non-default args"))
     assert "<64 floats>" in line and "<40 ints>" in line and "'max_model_len': 99" in line, line
     assert "1.0, 1.0" not in line
+
+
+def test_architecture_unserved_on_this_vllm_refused():
+    """An architecture the installed vLLM serves with other classes than its adapter's (OLMo 3 on
+    vLLM 0.32: the Transformers backend) is refused at engine configuration, naming it; on vLLM 0.26
+    the same deployment is accepted."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix._vllm_compat import vllm_version
+    from vllm_xmix.plugin import register
+    from vllm_xmix.tiny import build_tiny_model
+
+    register()
+    a = MIApp("x")
+    a.write("add", vector=[1.0] * 64)
+    args = EngineArgs(model=build_tiny_model("olmo3"), additional_config=deploy(a))
+    if vllm_version().startswith("0.32."):
+        with pytest.raises(ValueError, match=r"additional_config.xmix: architecture Olmo3ForCausalLM is not "
+                                             r"supported by vllm-xmix on vLLM 0\.32\.\d+: vLLM 0\.32 serves it"):
+            args.create_engine_config()
+    else:
+        assert args.create_engine_config().additional_config["xmix"]

@@ -60,7 +60,7 @@ def hf_router_bias(model, biases: dict[int, torch.Tensor], seen: list | None = N
             model.model.layers[L].mlp.gate.forward = f
 
 
-@pytest.fixture(scope="module", params=["eager", "compiled"])
+@pytest.fixture(scope="module", params=["eager", pytest.param("compiled", marks=pytest.mark.one_version)])
 def moe(request, tmp_path_factory):
     from conftest import HFOracle
 

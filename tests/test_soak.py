@@ -63,7 +63,7 @@ import numpy as np
 import pytest
 from conftest import N_LAYERS, app_deltas, deployment, running_server, unit_rms
 
-pytestmark = pytest.mark.soak
+pytestmark = [pytest.mark.soak, pytest.mark.one_version]
 
 #: clients; more than max_num_seqs (8), so requests also wait in the queue
 CONCURRENCY = int(os.environ.get("XMIX_SOAK_CONCURRENCY", "12"))

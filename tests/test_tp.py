@@ -40,7 +40,7 @@ from test_latch import hf_latch, new_maximum
 
 from vllm_xmix._vllm_compat.introspection import EXTENSION
 
-pytestmark = pytest.mark.tp
+pytestmark = [pytest.mark.tp, pytest.mark.one_version]
 
 N = 8
 LATCH_PROMPT = [int(x) for x in np.random.default_rng(21).integers(3, 1000, size=37)]

@@ -16,6 +16,8 @@ import torch
 
 from conftest import close_llm, make_llm
 
+pytestmark = pytest.mark.one_version  # runs on the primary vLLM only (CONTRIBUTING.md, Running the tests)
+
 LAYERS = [1, 2, 3]
 STEER_LAYER = 2
 PROSE_PROMPTS = ["And he said unto them,", "Blessed are the", "In the beginning", "And it came to pass"]

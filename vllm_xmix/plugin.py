@@ -17,7 +17,7 @@ _REGISTERED = False
 def register() -> None:
     """Register the ``vllm_xmix`` custom ops and patch vLLM (see :mod:`vllm_xmix._vllm_compat`).
 
-    On an unsupported vLLM version it logs an error and patches only a guard that refuses to
+    On a vLLM version outside the tested ones it logs an error and patches only a guard that refuses to
     start an engine with ``additional_config["xmix"]`` (so apps are never silently ignored).
     """
     global _REGISTERED
@@ -27,7 +27,8 @@ def register() -> None:
 
     v = compat.vllm_version()
     if not compat.version_supported(v):
-        logger.error("vllm_xmix: vLLM %s is not supported (need >=0.26.0,<0.27); xmix apps are disabled", v)
+        logger.error("vllm_xmix: vLLM %s is not supported (tested: %s); xmix apps are disabled", v,
+                     compat.supported_text())
         compat._patch_refusal(v)
         _REGISTERED = True
         return

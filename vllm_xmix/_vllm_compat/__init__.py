@@ -1,6 +1,11 @@
-"""Everything that touches vLLM internals, in one place (vLLM 0.26.x), one module per vLLM
-component it patches. Each patch wraps the original (kept as ``__wrapped__``), is applied once
-(:func:`apply_patches` is idempotent) and initialises no CUDA:
+"""Everything that touches vLLM internals, in one place, one module per vLLM component it
+patches. The tested vLLM versions are :data:`.core.SUPPORTED_VLLM` (0.26.x, the primary one, and
+0.32.x); on any other version only the refusal patch is applied (an engine with apps deployed does
+not start, naming the installed and the tested versions). The component modules are written once
+for every tested version; what differs between versions is stated in :mod:`.versions`, one small
+table per version series (:mod:`.versions.v0_26`, :mod:`.versions.v0_32`), which they consult
+(:func:`.versions.table`) instead of testing version numbers. Each patch wraps the original (kept
+as ``__wrapped__``), is applied once (:func:`apply_patches` is idempotent) and initialises no CUDA:
 
 * :mod:`.engine_args` -- ``EngineArgs.create_engine_config``: the deployment is checked against
   the model and engine when the engine is configured (on an unsupported vLLM: refused);
@@ -38,7 +43,7 @@ The patches call into the runtime (:mod:`vllm_xmix.runtime`) and the checks
 
 from __future__ import annotations
 
-from .core import _PATCHED, SUPPORTED_VLLM, version_supported, vllm_version
+from .core import _PATCHED, PRIMARY_VLLM, SUPPORTED_VLLM, supported_text, version_supported, vllm_version
 from .engine_args import patch_refusal as _patch_refusal
 
 
@@ -71,4 +76,4 @@ def apply_patches() -> list[str]:
     return list(_PATCHED)
 
 
-__all__ = ["SUPPORTED_VLLM", "apply_patches", "version_supported", "vllm_version"]
+__all__ = ["PRIMARY_VLLM", "SUPPORTED_VLLM", "apply_patches", "supported_text", "version_supported", "vllm_version"]

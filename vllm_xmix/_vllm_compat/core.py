@@ -1,5 +1,6 @@
-"""The shared core of the vLLM patches: the supported vLLM window and how a patch is applied
-(once, recorded, with the original kept as ``__wrapped__``)."""
+"""The shared core of the vLLM patches: the tested vLLM versions and how a patch is applied
+(once, recorded, with the original kept as ``__wrapped__``). What differs between the tested
+versions is in :mod:`.versions` (one table per version)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import re
 
 logger = logging.getLogger("vllm.xmix")
 
-SUPPORTED_VLLM = ((0, 26, 0), (0, 27, 0))  # [min, max)
+#: the tested vLLM release series (major, minor): any patch release of one of them is accepted,
+#: every other version is refused at engine start. The first is the primary one (the GPU-validated
+#: version, where the whole test suite runs; tests marked ``one_version`` run only there).
+SUPPORTED_VLLM = ((0, 26), (0, 32))
+PRIMARY_VLLM = SUPPORTED_VLLM[0]
 _PATCHED: list[str] = []  # what apply_patches has patched, in order
 
 
@@ -27,13 +32,21 @@ def vllm_version() -> str:
     return vllm.__version__
 
 
-def version_supported(v: str) -> bool:
-    """Whether vLLM version ``v`` lies in :data:`SUPPORTED_VLLM`."""
+def version_series(v: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a version string such as ``"0.32.0"`` or ``"0.26.0+cpu"``; None when
+    it is not ``major.minor.patch``."""
     m = re.match(r"^(\d+)\.(\d+)\.(\d+)", v)
-    if not m:
-        return False
-    t = tuple(int(x) for x in m.groups())
-    return SUPPORTED_VLLM[0] <= t < SUPPORTED_VLLM[1]
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def version_supported(v: str) -> bool:
+    """Whether vLLM version ``v`` is a release of one of the series in :data:`SUPPORTED_VLLM`."""
+    return version_series(v) in SUPPORTED_VLLM
+
+
+def supported_text() -> str:
+    """The tested versions as a user reads them: ``"0.26.x, 0.32.x"``."""
+    return ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED_VLLM)
 
 
 def mark(name: str, target, attr: str, wrapper) -> None:

@@ -49,8 +49,12 @@ def patch_layer_classes() -> None:
     from ..adapters.base import submodule
     from ..spec import ROUTER_HOOK
     from .fused_moe import take_gate_out
+    from .versions import table
 
+    unserved = table().unserved_architectures
     for adapter in ADAPTERS:
+        if all(a in unserved for a in adapter.architectures):
+            continue  # this vLLM serves them with other classes (refused at engine configuration)
 
         def layer_built(layer, prefix, vllm_config, adapter=adapter):
             state = get_or_create_state(vllm_config, layer)
