@@ -7,7 +7,7 @@ per request), plus ``[compiled]`` engines only where the compiled path differs f
 single-tensor stream with every write fused into the graph (Granite: resid_mid's in-place copy)
 and a router taken out of ``FusedMoE`` into the graph (Qwen3-MoE). Llama, Qwen3 and Mixtral are
 covered by ``test_hooks.py`` / ``test_router.py``. The whole file: 3.5 min on a quiet 2-core
-machine (nine engines; ten with Gemma 3).
+machine (nine engines; ten with Gemma 3; DeepSeek-V2 adds one).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from test_hooks import HOOKS, N, PROJ, READS, check_reads, close, deltas, gen, h
 # family -> how to build and check it: ``paths`` (HF module names, conftest.HF_PATHS), ``attn`` (HF
 # attention implementation where HF's default cannot express the model: soft-capping),
 # ``k`` (the factor on attn_out / mlp_out in the stream: Granite's residual_multiplier),
-# ``router`` (layers with a router). Not here: DeepSeek-V2 (vLLM 0.26 has no MLA attention on CPU,
-# and its MHA form, VLLM_MLA_DISABLE=1, does not match HF's tokens even without apps) and GPT-OSS
-# (vLLM's CPU attention kernel with attention sinks fails in float32: "expected scalar type
-# BFloat16 but found Float")
+# ``router`` (layers with a router). DeepSeek-V2 runs its MHA form (conftest: VLLM_MLA_DISABLE=1, no
+# MLA backend on CPU) with one attention head (vllm_xmix.tiny: vLLM 0.26's CPU rotary kernel
+# mis-rotates a multi-head 3-D query). Not here: GPT-OSS (vLLM's CPU attention kernel with
+# attention sinks fails in float32: "expected scalar type BFloat16 but found Float")
 FAMILIES = {
     "mistral": {},
     "qwen2": {},
@@ -36,6 +36,7 @@ FAMILIES = {
     "gemma2": {"paths": "gemma2", "attn": "eager"},
     "gemma3": {"paths": "gemma2", "attn": "eager"},
     "olmo3": {"paths": "olmo3"},
+    "deepseek_v2": {"router": [1, 2, 3]},  # layer 0 dense (first_k_dense_replace=1)
 }
 N_EXPERTS = 4
 MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off
@@ -190,8 +191,8 @@ def test_router_hooks_equal_hf_and_fire(family_engine):
 
     ad = SUPPORTED_ARCHITECTURES[llm.llm_engine.vllm_config.model_config.architectures[0]]
     if ad.gate_in_experts:  # the router layers compute their logits in the block, where the hook is
-        internal = llm.apply_model(lambda m: [submodule(layer, ad.gate_in_experts).is_internal_router
-                                              for layer in m.model.layers])
+        internal = llm.apply_model(lambda m: [e.is_internal_router for e in (submodule(layer, ad.gate_in_experts)
+                                                                              for layer in m.model.layers) if e is not None])
         assert internal == [[False] * len(rl)], internal
     assert gen(llm, ["mask2"]) == want_mask
     assert gen(llm, ["boost"]) == want_boost
@@ -212,23 +213,58 @@ def test_router_hooks_equal_hf_and_fire(family_engine):
             close(o.mi_results["rlog"]["probe"][L], x.astype(np.float64) @ np.array(PROBE_W) + 0.5, f"probe@{L}")
 
 
-def test_router_hook_on_a_dense_layer_is_refused(tmp_path):
-    """A MoE model's dense layers (Qwen3-MoE's ``mlp_only_layers``) have no router: a router hook
-    there, or on ``"all"`` layers, is refused at engine start naming the layers that have one."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+def _moe_with_a_dense_first_layer(arch: str, path) -> None:
+    """A 3-layer random MoE checkpoint of ``arch`` whose layer 0 is dense (Qwen3-MoE's
+    ``mlp_only_layers``, DeepSeek-V2's ``first_k_dense_replace``)."""
+    import transformers
 
+    common = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_experts_per_tok=2,
+                  moe_intermediate_size=64)
+    if arch == "Qwen3MoeForCausalLM":
+        cfg = transformers.Qwen3MoeConfig(**common, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                          num_experts=4, mlp_only_layers=[0])
+    else:
+        cfg = transformers.DeepseekV2Config(**common, num_attention_heads=1, num_key_value_heads=1, q_lora_rank=None,
+                                            kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=32,
+                                            n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
+                                            n_group=1, topk_group=1)
+    getattr(transformers, arch)(cfg).save_pretrained(path)
+
+
+@pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM"])
+def test_router_hook_on_a_dense_layer_is_refused(tmp_path, arch):
+    """A MoE model's dense layers (Qwen3-MoE's ``mlp_only_layers``, DeepSeek-V2's first
+    ``first_k_dense_replace`` layers) have no router: a router hook there, or on ``"all"`` layers,
+    is refused at engine start naming the layers that have one."""
     from vllm_xmix import MIApp, deploy
 
-    Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                       num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_experts=4,
-                                       num_experts_per_tok=2, moe_intermediate_size=64, mlp_only_layers=[0])
-                        ).save_pretrained(tmp_path)
+    _moe_with_a_dense_first_layer(arch, tmp_path)
     for layers in ([0, 1], "all"):
         a = MIApp("r")
         a.write("router_bias", vector=MASK).layers(layers).submodule("mlp.hook_router_logits")
-        with pytest.raises(ValueError, match=r"apps\.0\(r\)\.ops\.0\.layers: layer 0 of Qwen3MoeForCausalLM has a "
+        with pytest.raises(ValueError, match=rf"apps\.0\(r\)\.ops\.0\.layers: layer 0 of {arch} has a "
                                              r"dense MLP, no router \(layers with a router: \[1, 2\]\)"):
             make_llm(str(tmp_path), "eager", additional_config=deploy(a), skip_tokenizer_init=True)
+
+
+def test_deepseek_v2_in_float16_with_a_routed_scaling_factor_is_refused(tmp_path):
+    """vLLM's DeepSeek-V2 layer in float16 carries the stream divided by ``routed_scaling_factor``
+    (its overflow guard): apps on it are refused at engine start, naming the dtype and the factor."""
+    import transformers
+
+    from vllm_xmix import MIApp, deploy
+
+    transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=1,
+        num_key_value_heads=1, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16,
+        v_head_dim=32, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=64,
+        first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=2.0)).save_pretrained(tmp_path)
+    a = MIApp("a")
+    a.write("add", vector=unit_rms(1)).layers([0])
+    with pytest.raises(ValueError, match=r"additional_config\.xmix: dtype float16 of DeepseekV2ForCausalLM: in "
+                                         r"float16 vLLM carries this model's residual stream divided by "
+                                         r"routed_scaling_factor 2\.0"):
+        make_llm(str(tmp_path), "eager", dtype="float16", additional_config=deploy(a), skip_tokenizer_init=True)
 
 
 def test_a_family_served_by_the_transformers_backend_is_refused(tmp_path):

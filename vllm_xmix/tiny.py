@@ -56,6 +56,17 @@ TINY_SPECS = {
     # OLMo 2's post-norm layer (norms on the sub-layers' outputs), sliding window on three layers of four
     "olmo3": dict(_BASE, arch="Olmo3ForCausalLM", sliding_window=8,
                   layer_types=["sliding_attention"] * 3 + ["full_attention"], seed=8),
+    # DeepSeek-V2-Lite's shape: MLA without a q LoRA (q_proj; kv compressed to kv_lora_rank, a
+    # shared rope key), softmax top-k over routed experts plus shared experts, the first layer
+    # dense. One attention head: vLLM 0.26's CPU rotary kernel takes a 3-D query [T, H, rope] as
+    # T x H tokens of one head, so with H > 1 the MHA form (VLLM_MLA_DISABLE=1, the only one on
+    # CPU) rotates head h of token t by position t * H + h (docs/hooks.md). rms_norm_eps 1e-6:
+    # HF's kv_a_layernorm always uses 1e-6, vLLM's the config's (V2-Lite's is 1e-6)
+    "deepseek_v2": dict(_BASE, arch="DeepseekV2ForCausalLM", num_attention_heads=1, num_key_value_heads=1,
+                        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=32,
+                        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=64,
+                        first_k_dense_replace=1, n_group=1, topk_group=1, topk_method="greedy", norm_topk_prob=False,
+                        routed_scaling_factor=1.0, rms_norm_eps=1e-6, seed=11),
 }
 _VERSION = 2  # bump to rebuild cached models
 

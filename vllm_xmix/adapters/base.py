@@ -57,7 +57,10 @@ class DecoderAdapter:
       (``_vllm_compat/fused_moe.py``) takes the gate back out, so the MoE block computes the
       logits in its own ``forward`` (vLLM's branch for a runner without a gate) and the hook runs
       in the model's graph.
-    - ``meaning``: what a hook means where it differs from Llama's (``docs/hooks.md``'s table).
+    - ``meaning``: what a hook means where it differs from Llama's (``docs/hooks.md``'s table);
+    - ``refuse``: ``refuse(text_config, dtype) -> str | None``: why this model in this dtype
+      (a ``torch.dtype``) would not carry the stream the hooks describe (None: it does); an
+      engine with apps is then refused at start with that reason.
     """
 
     architectures: tuple[str, ...]
@@ -74,6 +77,7 @@ class DecoderAdapter:
     router_layers: Callable[[object], range | list[int]] = all_layers
     gate_in_experts: str | None = None
     meaning: dict[str, str] = field(default_factory=dict)
+    refuse: Callable[[object, object], str | None] | None = None
 
     @property
     def hooks(self) -> tuple[str, ...]:
