@@ -80,6 +80,7 @@ HF_PATHS = {
                    resid_mid="pre_feedforward_layernorm", router=None),
     "olmo3": dict(attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm", resid_mid="mlp",
                   router=None),
+    "gpt_oss": dict(attn_out="self_attn", mlp_out="mlp", resid_mid="post_attention_layernorm", router="mlp.router"),
 }
 
 

@@ -7,7 +7,7 @@ per request), plus ``[compiled]`` engines only where the compiled path differs f
 single-tensor stream with every write fused into the graph (Granite: resid_mid's in-place copy)
 and a router taken out of ``FusedMoE`` into the graph (Qwen3-MoE). Llama, Qwen3 and Mixtral are
 covered by ``test_hooks.py`` / ``test_router.py``. The whole file: 3.5 min on a quiet 2-core
-machine (nine engines; ten with Gemma 3; DeepSeek-V2 adds one).
+machine (nine engines; ten with Gemma 3; DeepSeek-V2 and GPT-OSS add one each).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from test_hooks import HOOKS, N, PROJ, READS, check_reads, close, deltas, gen, h
 # ``k`` (the factor on attn_out / mlp_out in the stream: Granite's residual_multiplier),
 # ``router`` (layers with a router). DeepSeek-V2 runs its MHA form (conftest: VLLM_MLA_DISABLE=1, no
 # MLA backend on CPU) with one attention head (vllm_xmix.tiny: vLLM 0.26's CPU rotary kernel
-# mis-rotates a multi-head 3-D query). Not here: GPT-OSS (vLLM's CPU attention kernel with
-# attention sinks fails in float32: "expected scalar type BFloat16 but found Float")
+# mis-rotates a multi-head 3-D query). ``sinks_bf16``: GPT-OSS's float32 engine gets its
+# (bfloat16-exact) attention sinks in bfloat16, the only dtype vLLM 0.26's CPU kernel takes them in
 FAMILIES = {
     "mistral": {},
     "qwen2": {},
@@ -37,6 +37,7 @@ FAMILIES = {
     "gemma3": {"paths": "gemma2", "attn": "eager"},
     "olmo3": {"paths": "olmo3"},
     "deepseek_v2": {"router": [1, 2, 3]},  # layer 0 dense (first_k_dense_replace=1)
+    "gpt_oss": {"paths": "gpt_oss", "attn": "eager", "router": [0, 1, 2, 3], "sinks_bf16": True},
 }
 N_EXPERTS = 4
 MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off
@@ -44,6 +45,10 @@ BOOST = [4.0, 0.0, 0.0, -1.0]
 BOOST_LAYERS = [1, 2]
 PROBE_W = [0.5, -1.0, 0.25, 2.0]
 MEANING_LAYERS = [1, 2]
+TOK_SET = [17, 300, 200, 12]  # token ids in PROMPTS: the token-conditioned write fires in every prompt but the last
+TOK_V = unit_rms(7)
+TOK_LAYERS = [1, 2]
+TOK_SCALE = 4.0
 _HOOK_NAMES = ["hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post"]
 
 
@@ -57,6 +62,9 @@ def extra_apps(fam: str) -> list:
     for h in _HOOK_NAMES:
         m.read("capture", name=h).layers(MEANING_LAYERS).submodule(h)
     out.append(m)
+    t = MIApp("tokcond")  # the family's token embedding hook (the step's token ids)
+    t.write("add", vector=TOK_V, scale=TOK_SCALE).layers(TOK_LAYERS).submodule("hook_resid_post").cond(tokens=TOK_SET)
+    out.append(t)
     rl = FAMILIES[fam].get("router")
     if rl:
         a = MIApp("mask2")
@@ -78,6 +86,15 @@ ENGINES = [pytest.param((f, "eager", "auto"), id=f"{f}-eager") for f in FAMILIES
 ]
 
 
+def _sinks_to_bf16(model) -> None:
+    """GPT-OSS: vLLM 0.26's CPU attention kernel reads attention sinks only as bfloat16 (float32
+    sinks: "expected scalar type BFloat16 but found Float", with or without apps); the tiny
+    checkpoint's sinks are bfloat16-exact (``tiny.py``), so the same values in bfloat16 leave the
+    float32 engine computing exactly the checkpoint's model (the kernel widens them to float32)."""
+    for layer in model.model.layers:
+        layer.attn.sinks.data = layer.attn.sinks.data.to(torch.bfloat16)
+
+
 @pytest.fixture(scope="module", params=ENGINES)
 def family_engine(request, tmp_path_factory):
     from vllm_xmix import deploy
@@ -87,6 +104,8 @@ def family_engine(request, tmp_path_factory):
     info = FAMILIES[fam]
     model = build_tiny_model(fam, root=tmp_path_factory.mktemp(fam) / f"tiny-{fam}")
     llm = make_llm(model, mode, additional_config=deploy(*hook_apps(), *extra_apps(fam), fused_writes=fused))
+    if info.get("sinks_bf16"):
+        llm.apply_model(_sinks_to_bf16)
     llm.mode, llm.fused_writes, llm.family = mode, fused, fam
     yield llm, HFOracle(model, HF_PATHS[info.get("paths", "llama")], info.get("attn"))
     close_llm(llm)
@@ -159,6 +178,32 @@ def test_hook_points_mean_what_the_table_says(family_engine):
         rec = hf.record(ids, [(L, h) for L in MEANING_LAYERS for h in _HOOK_NAMES])
         for (L, h), want in rec.items():
             close(got[h][L], want, f"{h}@{L} vs HF")
+
+
+def test_token_condition_equals_hf(family_engine):
+    """A write conditioned on the token at each position (``cond(tokens=...)``, SEAL) needs the
+    step's token ids, recorded at the family's token embedding: tokens equal HF adding the vector
+    at exactly the positions holding one of the tokens, and the write changed them."""
+    llm, hf = family_engine
+    S = set(TOK_SET)
+    delta = torch.from_numpy(TOK_SCALE * TOK_V)
+
+    def want(prompt):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(N):
+                m = torch.tensor([t in S for t in ids], dtype=torch.float32)[None, :, None]
+                handles = [h for L in TOK_LAYERS for h in hf._register(L, "hook_resid_post", lambda x, m=m: m * delta)]
+                try:
+                    ids.append(int(hf.model(torch.tensor([ids])).logits[0, -1].argmax()))
+                finally:
+                    for h in handles:
+                        h.remove()
+        return ids[len(prompt):]
+
+    ref = [want(p) for p in PROMPTS]
+    assert ref != [hf.greedy(p, N) for p in PROMPTS], "the token-conditioned write must change this tiny model's output"
+    assert gen(llm, ["tokcond"]) == ref
 
 
 def test_router_hooks_equal_hf_and_fire(family_engine):

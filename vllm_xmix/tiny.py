@@ -67,6 +67,13 @@ TINY_SPECS = {
                         n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=64,
                         first_k_dense_replace=1, n_group=1, topk_group=1, topk_method="greedy", norm_topk_prob=False,
                         routed_scaling_factor=1.0, rms_norm_eps=1e-6, seed=11),
+    # GPT-OSS: attention with sinks, sliding window on even layers, a router with a bias, clamped
+    # SwiGLU experts. Sinks rounded to bfloat16 values (``bf16_exact``): vLLM 0.26's CPU attention
+    # kernel takes sinks only as bfloat16, so a float32 engine can be handed the same values in bf16
+    "gpt_oss": dict(_BASE, arch="GptOssForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=131072,
+                    bf16_exact=["sinks"], seed=12),
 }
 _VERSION = 2  # bump to rebuild cached models
 
@@ -139,12 +146,17 @@ def build_tiny_model(arch: str = "llama", root: str | os.PathLike | None = None)
     tmp.mkdir(parents=True, exist_ok=True)
     seed = spec.pop("seed")
     arch_name = spec.pop("arch")
+    bf16_exact = set(spec.pop("bf16_exact", ()))
     model_cls = getattr(transformers, arch_name)
     config_cls = getattr(transformers, spec.pop("config", None) or arch_name.replace("ForCausalLM", "Config"))
     tokenizer = _train_tokenizer(min(spec["vocab_size"], 1000))
     cfg = config_cls(**spec, bos_token_id=0, eos_token_id=1, pad_token_id=2, torch_dtype="float32")
     torch.manual_seed(seed)
     model = model_cls(cfg).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # parameters whose values must be exact in bfloat16
+            if name.rsplit(".", 1)[-1] in bf16_exact:
+                p.copy_(p.to(torch.bfloat16).float())
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if out.exists():  # a concurrent builder won

@@ -110,5 +110,14 @@ DEEPSEEK_V2 = DecoderAdapter(
              "mlp.hook_router_logits": "mlp.gate output, computed in the block's forward (taken out of "
                                        "FusedMoE), before softmax / top-k; MoE layers only"})
 
+GPT_OSS = DecoderAdapter(
+    # Llama's pair body (forward(hidden_states, positions, residual)); attention with sinks in
+    # `attn`; the router is a linear layer the block calls itself before FusedMoE (as Mixtral's)
+    ("GptOssForCausalLM",), _M + "gpt_oss", "TransformerBlock", "GptOssModel",
+    args=(0, 2), attn_out="attn", router="mlp.router", embed="embedding",
+    meaning={"hook_attn_out": "attn output (o_proj; attention with sinks)",
+             "hook_mlp_out": "MoE output (mlp)",
+             "mlp.hook_router_logits": "mlp.router output (with its bias), before softmax / top-k"})
+
 ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GRANITE, MIXTRAL, QWEN3_MOE, GEMMA2, GEMMA3,
-                                        OLMO3, DEEPSEEK_V2)
+                                        OLMO3, DEEPSEEK_V2, GPT_OSS)
