@@ -7,7 +7,7 @@ per request), plus ``[compiled]`` engines only where the compiled path differs f
 single-tensor stream with every write fused into the graph (Granite: resid_mid's in-place copy)
 and a router taken out of ``FusedMoE`` into the graph (Qwen3-MoE). Llama, Qwen3 and Mixtral are
 covered by ``test_hooks.py`` / ``test_router.py``. The whole file: 3.5 min on a quiet 2-core
-machine (nine engines; ten with Gemma 3; DeepSeek-V2 and GPT-OSS add one each).
+machine (nine engines; ten with Gemma 3; DeepSeek-V2, GPT-OSS and OLMo 2 add one each).
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ FAMILIES = {
     "olmo3": {"paths": "olmo3"},
     "deepseek_v2": {"router": [1, 2, 3]},  # layer 0 dense (first_k_dense_replace=1)
     "gpt_oss": {"paths": "gpt_oss", "attn": "eager", "router": [0, 1, 2, 3], "sinks_bf16": True},
+    # an OLMo 2 checkpoint served by vLLM's OLMo 3 classes (its config.json rewritten as OLMo 3's:
+    # olmo2_as_olmo3), against HF's OLMo 2 on the original checkpoint
+    "olmo2": {"paths": "olmo3", "as_olmo3": True},
 }
 N_EXPERTS = 4
 MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off
@@ -86,6 +89,27 @@ ENGINES = [pytest.param((f, "eager", "auto"), id=f"{f}-eager") for f in FAMILIES
 ]
 
 
+def olmo2_as_olmo3(src, dst) -> str:
+    """The OLMo 2 checkpoint ``src`` as an OLMo 3 one in ``dst`` (weights and tokenizer linked, the
+    config rewritten; docs/hooks.md): ``model_type`` "olmo3", ``architectures``
+    ["Olmo3ForCausalLM"], every layer "full_attention" (OLMo 3's default slides 3 of 4), and OLMo
+    2's rope per layer type (OLMo 3's default rope_theta is 500000)."""
+    import json
+    from pathlib import Path
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (dst / f.name).symlink_to(f.resolve())
+    c = json.loads((src / "config.json").read_text())
+    rope = c["rope_parameters"]
+    c.update(model_type="olmo3", architectures=["Olmo3ForCausalLM"], layer_types=["full_attention"] * c["num_hidden_layers"],
+             rope_parameters={"full_attention": dict(rope), "sliding_attention": dict(rope)})
+    (dst / "config.json").write_text(json.dumps(c, indent=1))
+    return str(dst)
+
+
 def _sinks_to_bf16(model) -> None:
     """GPT-OSS: vLLM 0.26's CPU attention kernel reads attention sinks only as bfloat16 (float32
     sinks: "expected scalar type BFloat16 but found Float", with or without apps); the tiny
@@ -103,7 +127,8 @@ def family_engine(request, tmp_path_factory):
     fam, mode, fused = request.param
     info = FAMILIES[fam]
     model = build_tiny_model(fam, root=tmp_path_factory.mktemp(fam) / f"tiny-{fam}")
-    llm = make_llm(model, mode, additional_config=deploy(*hook_apps(), *extra_apps(fam), fused_writes=fused))
+    served = olmo2_as_olmo3(model, tmp_path_factory.mktemp("olmo3") / "tiny") if info.get("as_olmo3") else model
+    llm = make_llm(served, mode, additional_config=deploy(*hook_apps(), *extra_apps(fam), fused_writes=fused))
     if info.get("sinks_bf16"):
         llm.apply_model(_sinks_to_bf16)
     llm.mode, llm.fused_writes, llm.family = mode, fused, fam
@@ -313,8 +338,9 @@ def test_deepseek_v2_in_float16_with_a_routed_scaling_factor_is_refused(tmp_path
 
 
 def test_a_family_served_by_the_transformers_backend_is_refused(tmp_path):
-    """OLMo 2 has no vLLM decoder layer of its own in vLLM 0.26 (its Transformers backend serves
-    it): apps on it are refused at engine start, naming the architecture."""
+    """OLMo 2 has no vLLM decoder layer of its own in vLLM 0.26 (its registry maps
+    ``Olmo2ForCausalLM`` to the Transformers backend): apps on it are refused at engine start,
+    naming the architecture (the checkpoint with an OLMo 3 config runs: ``olmo2_as_olmo3``)."""
     from transformers import Olmo2Config, Olmo2ForCausalLM
 
     from vllm_xmix import MIApp, deploy

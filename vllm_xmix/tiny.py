@@ -67,6 +67,9 @@ TINY_SPECS = {
                         n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=64,
                         first_k_dense_replace=1, n_group=1, topk_group=1, topk_method="greedy", norm_topk_prob=False,
                         routed_scaling_factor=1.0, rms_norm_eps=1e-6, seed=11),
+    # OLMo 2 (vLLM 0.26 serves it through its Transformers backend): the oracle for an OLMo 2
+    # checkpoint whose config.json is rewritten as OLMo 3's (docs/hooks.md), served by vLLM's OLMo 3 classes
+    "olmo2": dict(_BASE, arch="Olmo2ForCausalLM", seed=13),
     # GPT-OSS: attention with sinks, sliding window on even layers, a router with a bias, clamped
     # SwiGLU experts. Sinks rounded to bfloat16 values (``bf16_exact``): vLLM 0.26's CPU attention
     # kernel takes sinks only as bfloat16, so a float32 engine can be handed the same values in bf16
