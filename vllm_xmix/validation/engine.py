@@ -143,11 +143,12 @@ def validate_for_model(dep, archs: list[str], hf_config) -> None:
 
 
 def _check_family_dtype(dep, archs: list[str], text, dtype) -> None:
-    """A family's own refusal of this model in this dtype (``DecoderAdapter.refuse``)."""
+    """A family's own refusal of this model in this dtype (``DecoderAdapter.refuse``), with apps
+    deployed or reserved for apps added later."""
     from ..adapters import SUPPORTED_ARCHITECTURES
 
     adapter = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    if dep.apps and adapter is not None and adapter.refuse is not None:
+    if (dep.apps or dep.reserve is not None) and adapter is not None and adapter.refuse is not None:
         why = adapter.refuse(text, dtype)
         if why:
             raise XmixSpecError(f"additional_config.xmix: dtype {str(dtype).removeprefix('torch.')} of {archs[0]}: "
