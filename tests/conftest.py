@@ -14,6 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engines in-process (fast); subprocess tests use 1
 os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="xmix-vllm-cache-"))
+# MLA models (DeepSeek-V2): vLLM has no MLA attention backend on CPU; this runs their MHA form
+# (the same weights, the latent kv expanded per head), which vLLM reads when it builds the model
+os.environ.setdefault("VLLM_MLA_DISABLE", "1")
 os.environ.pop("VLLM_CPU_CI_ENV", None)  # keep Inductor for the compiled mode: where hooks vanish
 
 import numpy as np
@@ -77,6 +80,7 @@ HF_PATHS = {
                    resid_mid="pre_feedforward_layernorm", router=None),
     "olmo3": dict(attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm", resid_mid="mlp",
                   router=None),
+    "gpt_oss": dict(attn_out="self_attn", mlp_out="mlp", resid_mid="post_attention_layernorm", router="mlp.router"),
 }
 
 

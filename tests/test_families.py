@@ -7,7 +7,7 @@ per request), plus ``[compiled]`` engines only where the compiled path differs f
 single-tensor stream with every write fused into the graph (Granite: resid_mid's in-place copy)
 and a router taken out of ``FusedMoE`` into the graph (Qwen3-MoE). Llama, Qwen3 and Mixtral are
 covered by ``test_hooks.py`` / ``test_router.py``. The whole file: 3.5 min on a quiet 2-core
-machine (nine engines; ten with Gemma 3).
+machine (nine engines; ten with Gemma 3; DeepSeek-V2, GPT-OSS and OLMo 2 add one each).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from test_hooks import HOOKS, N, PROJ, READS, check_reads, close, deltas, gen, h
 # family -> how to build and check it: ``paths`` (HF module names, conftest.HF_PATHS), ``attn`` (HF
 # attention implementation where HF's default cannot express the model: soft-capping),
 # ``k`` (the factor on attn_out / mlp_out in the stream: Granite's residual_multiplier),
-# ``router`` (layers with a router). Not here: DeepSeek-V2 (vLLM 0.26 has no MLA attention on CPU,
-# and its MHA form, VLLM_MLA_DISABLE=1, does not match HF's tokens even without apps) and GPT-OSS
-# (vLLM's CPU attention kernel with attention sinks fails in float32: "expected scalar type
-# BFloat16 but found Float")
+# ``router`` (layers with a router). DeepSeek-V2 runs its MHA form (conftest: VLLM_MLA_DISABLE=1, no
+# MLA backend on CPU) with one attention head (vllm_xmix.tiny: vLLM 0.26's CPU rotary kernel
+# mis-rotates a multi-head 3-D query). ``sinks_bf16``: GPT-OSS's float32 engine gets its
+# (bfloat16-exact) attention sinks in bfloat16, the only dtype vLLM 0.26's CPU kernel takes them in
 FAMILIES = {
     "mistral": {},
     "qwen2": {},
@@ -36,6 +36,11 @@ FAMILIES = {
     "gemma2": {"paths": "gemma2", "attn": "eager"},
     "gemma3": {"paths": "gemma2", "attn": "eager"},
     "olmo3": {"paths": "olmo3"},
+    "deepseek_v2": {"router": [1, 2, 3]},  # layer 0 dense (first_k_dense_replace=1)
+    "gpt_oss": {"paths": "gpt_oss", "attn": "eager", "router": [0, 1, 2, 3], "sinks_bf16": True},
+    # an OLMo 2 checkpoint served by vLLM's OLMo 3 classes (its config.json rewritten as OLMo 3's:
+    # olmo2_as_olmo3), against HF's OLMo 2 on the original checkpoint
+    "olmo2": {"paths": "olmo3", "as_olmo3": True},
 }
 N_EXPERTS = 4
 MASK = [0.0, 0.0, -math.inf, 0.0]  # expert 2 off
@@ -43,6 +48,10 @@ BOOST = [4.0, 0.0, 0.0, -1.0]
 BOOST_LAYERS = [1, 2]
 PROBE_W = [0.5, -1.0, 0.25, 2.0]
 MEANING_LAYERS = [1, 2]
+TOK_SET = [17, 300, 200, 12]  # token ids in PROMPTS: the token-conditioned write fires in every prompt but the last
+TOK_V = unit_rms(7)
+TOK_LAYERS = [1, 2]
+TOK_SCALE = 4.0
 _HOOK_NAMES = ["hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post"]
 
 
@@ -56,6 +65,9 @@ def extra_apps(fam: str) -> list:
     for h in _HOOK_NAMES:
         m.read("capture", name=h).layers(MEANING_LAYERS).submodule(h)
     out.append(m)
+    t = MIApp("tokcond")  # the family's token embedding hook (the step's token ids)
+    t.write("add", vector=TOK_V, scale=TOK_SCALE).layers(TOK_LAYERS).submodule("hook_resid_post").cond(tokens=TOK_SET)
+    out.append(t)
     rl = FAMILIES[fam].get("router")
     if rl:
         a = MIApp("mask2")
@@ -69,9 +81,11 @@ def extra_apps(fam: str) -> list:
     return out
 
 
-#: families whose vLLM classes another family's engine already builds (Phi-3: Llama's), run on the
-#: primary vLLM only (marker one_version); every other family's eager engine runs on each tested vLLM
-ONE_VERSION_FAMILIES = ("phi3",)
+#: run on the primary vLLM only (marker one_version): families whose vLLM classes another
+#: family's engine already builds (Phi-3: Llama's), and those not yet tested on vLLM 0.32
+#: (DeepSeek-V2, GPT-OSS, OLMo 2 checkpoints on OLMo 3's classes, which 0.32 no longer has);
+#: every other family's eager engine runs on each tested vLLM
+ONE_VERSION_FAMILIES = ("phi3", "deepseek_v2", "gpt_oss", "olmo2")
 
 
 def _eager(fam: str):
@@ -96,6 +110,36 @@ ENGINES = [_eager(f) for f in FAMILIES] + [
 ]
 
 
+def olmo2_as_olmo3(src, dst) -> str:
+    """The OLMo 2 checkpoint ``src`` as an OLMo 3 one in ``dst`` (weights and tokenizer linked, the
+    config rewritten; docs/hooks.md): ``model_type`` "olmo3", ``architectures``
+    ["Olmo3ForCausalLM"], every layer "full_attention" (OLMo 3's default slides 3 of 4), and OLMo
+    2's rope per layer type (OLMo 3's default rope_theta is 500000)."""
+    import json
+    from pathlib import Path
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (dst / f.name).symlink_to(f.resolve())
+    c = json.loads((src / "config.json").read_text())
+    rope = c["rope_parameters"]
+    c.update(model_type="olmo3", architectures=["Olmo3ForCausalLM"], layer_types=["full_attention"] * c["num_hidden_layers"],
+             rope_parameters={"full_attention": dict(rope), "sliding_attention": dict(rope)})
+    (dst / "config.json").write_text(json.dumps(c, indent=1))
+    return str(dst)
+
+
+def _sinks_to_bf16(model) -> None:
+    """GPT-OSS: vLLM 0.26's CPU attention kernel reads attention sinks only as bfloat16 (float32
+    sinks: "expected scalar type BFloat16 but found Float", with or without apps); the tiny
+    checkpoint's sinks are bfloat16-exact (``tiny.py``), so the same values in bfloat16 leave the
+    float32 engine computing exactly the checkpoint's model (the kernel widens them to float32)."""
+    for layer in model.model.layers:
+        layer.attn.sinks.data = layer.attn.sinks.data.to(torch.bfloat16)
+
+
 @pytest.fixture(scope="module", params=ENGINES)
 def family_engine(request, tmp_path_factory):
     from vllm_xmix import deploy
@@ -104,7 +148,10 @@ def family_engine(request, tmp_path_factory):
     fam, mode, fused = request.param
     info = FAMILIES[fam]
     model = build_tiny_model(fam, root=tmp_path_factory.mktemp(fam) / f"tiny-{fam}")
-    llm = make_llm(model, mode, additional_config=deploy(*hook_apps(), *extra_apps(fam), fused_writes=fused))
+    served = olmo2_as_olmo3(model, tmp_path_factory.mktemp("olmo3") / "tiny") if info.get("as_olmo3") else model
+    llm = make_llm(served, mode, additional_config=deploy(*hook_apps(), *extra_apps(fam), fused_writes=fused))
+    if info.get("sinks_bf16"):
+        llm.apply_model(_sinks_to_bf16)
     llm.mode, llm.fused_writes, llm.family = mode, fused, fam
     yield llm, HFOracle(model, HF_PATHS[info.get("paths", "llama")], info.get("attn"))
     close_llm(llm)
@@ -181,6 +228,32 @@ def test_hook_points_mean_what_the_table_says(family_engine):
             close(got[h][L], want, f"{h}@{L} vs HF")
 
 
+def test_token_condition_equals_hf(family_engine):
+    """A write conditioned on the token at each position (``cond(tokens=...)``, SEAL) needs the
+    step's token ids, recorded at the family's token embedding: tokens equal HF adding the vector
+    at exactly the positions holding one of the tokens, and the write changed them."""
+    llm, hf = family_engine
+    S = set(TOK_SET)
+    delta = torch.from_numpy(TOK_SCALE * TOK_V)
+
+    def want(prompt):
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(N):
+                m = torch.tensor([t in S for t in ids], dtype=torch.float32)[None, :, None]
+                handles = [h for L in TOK_LAYERS for h in hf._register(L, "hook_resid_post", lambda x, m=m: m * delta)]
+                try:
+                    ids.append(int(hf.model(torch.tensor([ids])).logits[0, -1].argmax()))
+                finally:
+                    for h in handles:
+                        h.remove()
+        return ids[len(prompt):]
+
+    ref = [want(p) for p in PROMPTS]
+    assert ref != [hf.greedy(p, N) for p in PROMPTS], "the token-conditioned write must change this tiny model's output"
+    assert gen(llm, ["tokcond"]) == ref
+
+
 def test_router_hooks_equal_hf_and_fire(family_engine):
     """MoE families: a ``-inf`` router mask and a boost equal HF with the bias added inside its
     router before softmax / top-k (a hook that silently did not fire would leave the tokens
@@ -211,9 +284,10 @@ def test_router_hooks_equal_hf_and_fire(family_engine):
 
     ad = SUPPORTED_ARCHITECTURES[llm.llm_engine.vllm_config.model_config.architectures[0]]
     if ad.gate_in_experts:  # the router layers compute their logits in the block, where the hook is
-        # (the runner routes internally while it holds a gate: vLLM 0.26's `is_internal_router`)
-        internal = llm.apply_model(lambda m: [submodule(layer, ad.gate_in_experts).gate is not None
-                                              for layer in m.model.layers])
+        # (the runner routes internally while it holds a gate: vLLM 0.26's `is_internal_router`;
+        # dense layers have no experts)
+        internal = llm.apply_model(lambda m: [e.gate is not None for e in (submodule(layer, ad.gate_in_experts)
+                                                                          for layer in m.model.layers) if e is not None])
         assert internal == [[False] * len(rl)], internal
     assert gen(llm, ["mask2"]) == want_mask
     assert gen(llm, ["boost"]) == want_boost
@@ -234,28 +308,66 @@ def test_router_hooks_equal_hf_and_fire(family_engine):
             close(o.mi_results["rlog"]["probe"][L], x.astype(np.float64) @ np.array(PROBE_W) + 0.5, f"probe@{L}")
 
 
-def test_router_hook_on_a_dense_layer_is_refused(tmp_path):
-    """A MoE model's dense layers (Qwen3-MoE's ``mlp_only_layers``) have no router: a router hook
-    there, or on ``"all"`` layers, is refused at engine start naming the layers that have one."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+def _moe_with_a_dense_first_layer(arch: str, path) -> None:
+    """A 3-layer random MoE checkpoint of ``arch`` whose layer 0 is dense (Qwen3-MoE's
+    ``mlp_only_layers``, DeepSeek-V2's ``first_k_dense_replace``)."""
+    import transformers
 
+    common = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_experts_per_tok=2,
+                  moe_intermediate_size=64)
+    if arch == "Qwen3MoeForCausalLM":
+        cfg = transformers.Qwen3MoeConfig(**common, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                          num_experts=4, mlp_only_layers=[0])
+    else:
+        cfg = transformers.DeepseekV2Config(**common, num_attention_heads=1, num_key_value_heads=1, q_lora_rank=None,
+                                            kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=32,
+                                            n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
+                                            n_group=1, topk_group=1)
+    getattr(transformers, arch)(cfg).save_pretrained(path)
+
+
+@pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM",
+                                  pytest.param("DeepseekV2ForCausalLM", marks=pytest.mark.one_version)])
+def test_router_hook_on_a_dense_layer_is_refused(tmp_path, arch):
+    """A MoE model's dense layers (Qwen3-MoE's ``mlp_only_layers``, DeepSeek-V2's first
+    ``first_k_dense_replace`` layers) have no router: a router hook there, or on ``"all"`` layers,
+    is refused at engine start naming the layers that have one."""
     from vllm_xmix import MIApp, deploy
 
-    Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                       num_attention_heads=2, num_key_value_heads=1, head_dim=32, num_experts=4,
-                                       num_experts_per_tok=2, moe_intermediate_size=64, mlp_only_layers=[0])
-                        ).save_pretrained(tmp_path)
+    _moe_with_a_dense_first_layer(arch, tmp_path)
     for layers in ([0, 1], "all"):
         a = MIApp("r")
         a.write("router_bias", vector=MASK).layers(layers).submodule("mlp.hook_router_logits")
-        with pytest.raises(ValueError, match=r"apps\.0\(r\)\.ops\.0\.layers: layer 0 of Qwen3MoeForCausalLM has a "
+        with pytest.raises(ValueError, match=rf"apps\.0\(r\)\.ops\.0\.layers: layer 0 of {arch} has a "
                                              r"dense MLP, no router \(layers with a router: \[1, 2\]\)"):
             make_llm(str(tmp_path), "eager", additional_config=deploy(a), skip_tokenizer_init=True)
 
 
+@pytest.mark.one_version
+def test_deepseek_v2_in_float16_with_a_routed_scaling_factor_is_refused(tmp_path):
+    """vLLM's DeepSeek-V2 layer in float16 carries the stream divided by ``routed_scaling_factor``
+    (its overflow guard): apps on it are refused at engine start, naming the dtype and the factor."""
+    import transformers
+
+    from vllm_xmix import MIApp, deploy
+
+    transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=1,
+        num_key_value_heads=1, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16,
+        v_head_dim=32, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=64,
+        first_k_dense_replace=1, n_group=1, topk_group=1, routed_scaling_factor=2.0)).save_pretrained(tmp_path)
+    a = MIApp("a")
+    a.write("add", vector=unit_rms(1)).layers([0])
+    with pytest.raises(ValueError, match=r"additional_config\.xmix: dtype float16 of DeepseekV2ForCausalLM: in "
+                                         r"float16 vLLM carries this model's residual stream divided by "
+                                         r"routed_scaling_factor 2\.0"):
+        make_llm(str(tmp_path), "eager", dtype="float16", additional_config=deploy(a), skip_tokenizer_init=True)
+
+
 def test_a_family_served_by_the_transformers_backend_is_refused(tmp_path):
-    """OLMo 2 has no vLLM decoder layer of its own in vLLM 0.26 (its Transformers backend serves
-    it): apps on it are refused at engine start, naming the architecture."""
+    """OLMo 2 has no vLLM decoder layer of its own in vLLM 0.26 (its registry maps
+    ``Olmo2ForCausalLM`` to the Transformers backend): apps on it are refused at engine start,
+    naming the architecture (the checkpoint with an OLMo 3 config runs: ``olmo2_as_olmo3``)."""
     from transformers import Olmo2Config, Olmo2ForCausalLM
 
     from vllm_xmix import MIApp, deploy

@@ -56,6 +56,27 @@ TINY_SPECS = {
     # OLMo 2's post-norm layer (norms on the sub-layers' outputs), sliding window on three layers of four
     "olmo3": dict(_BASE, arch="Olmo3ForCausalLM", sliding_window=8,
                   layer_types=["sliding_attention"] * 3 + ["full_attention"], seed=8),
+    # DeepSeek-V2-Lite's shape: MLA without a q LoRA (q_proj; kv compressed to kv_lora_rank, a
+    # shared rope key), softmax top-k over routed experts plus shared experts, the first layer
+    # dense. One attention head: vLLM 0.26's CPU rotary kernel takes a 3-D query [T, H, rope] as
+    # T x H tokens of one head, so with H > 1 the MHA form (VLLM_MLA_DISABLE=1, the only one on
+    # CPU) rotates head h of token t by position t * H + h (docs/hooks.md). rms_norm_eps 1e-6:
+    # HF's kv_a_layernorm always uses 1e-6, vLLM's the config's (V2-Lite's is 1e-6)
+    "deepseek_v2": dict(_BASE, arch="DeepseekV2ForCausalLM", num_attention_heads=1, num_key_value_heads=1,
+                        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=32,
+                        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=64,
+                        first_k_dense_replace=1, n_group=1, topk_group=1, topk_method="greedy", norm_topk_prob=False,
+                        routed_scaling_factor=1.0, rms_norm_eps=1e-6, seed=11),
+    # OLMo 2 (vLLM 0.26 serves it through its Transformers backend): the oracle for an OLMo 2
+    # checkpoint whose config.json is rewritten as OLMo 3's (docs/hooks.md), served by vLLM's OLMo 3 classes
+    "olmo2": dict(_BASE, arch="Olmo2ForCausalLM", seed=13),
+    # GPT-OSS: attention with sinks, sliding window on even layers, a router with a bias, clamped
+    # SwiGLU experts. Sinks rounded to bfloat16 values (``bf16_exact``): vLLM 0.26's CPU attention
+    # kernel takes sinks only as bfloat16, so a float32 engine can be handed the same values in bf16
+    "gpt_oss": dict(_BASE, arch="GptOssForCausalLM", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"] * 2, max_position_embeddings=131072,
+                    bf16_exact=["sinks"], seed=12),
 }
 _VERSION = 2  # bump to rebuild cached models
 
@@ -128,12 +149,17 @@ def build_tiny_model(arch: str = "llama", root: str | os.PathLike | None = None)
     tmp.mkdir(parents=True, exist_ok=True)
     seed = spec.pop("seed")
     arch_name = spec.pop("arch")
+    bf16_exact = set(spec.pop("bf16_exact", ()))
     model_cls = getattr(transformers, arch_name)
     config_cls = getattr(transformers, spec.pop("config", None) or arch_name.replace("ForCausalLM", "Config"))
     tokenizer = _train_tokenizer(min(spec["vocab_size"], 1000))
     cfg = config_cls(**spec, bos_token_id=0, eos_token_id=1, pad_token_id=2, torch_dtype="float32")
     torch.manual_seed(seed)
     model = model_cls(cfg).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # parameters whose values must be exact in bfloat16
+            if name.rsplit(".", 1)[-1] in bf16_exact:
+                p.copy_(p.to(torch.bfloat16).float())
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if out.exists():  # a concurrent builder won

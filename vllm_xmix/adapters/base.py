@@ -57,7 +57,12 @@ class DecoderAdapter:
       (``_vllm_compat/fused_moe.py``) takes the gate back out, so the MoE block computes the
       logits in its own ``forward`` (vLLM's branch for a runner without a gate) and the hook runs
       in the model's graph.
-    - ``meaning``: what a hook means where it differs from Llama's (``docs/hooks.md``'s table).
+    - ``embed``: the model's token embedding (relative to the model class; token conditions
+      record the step's token ids at its output);
+    - ``meaning``: what a hook means where it differs from Llama's (``docs/hooks.md``'s table);
+    - ``refuse``: ``refuse(text_config, dtype) -> str | None``: why this model in this dtype
+      (a ``torch.dtype``) would not carry the stream the hooks describe (None: it does); an
+      engine with apps is then refused at start with that reason.
     """
 
     architectures: tuple[str, ...]
@@ -73,7 +78,9 @@ class DecoderAdapter:
     router: str | None = None
     router_layers: Callable[[object], range | list[int]] = all_layers
     gate_in_experts: str | None = None
+    embed: str = "embed_tokens"
     meaning: dict[str, str] = field(default_factory=dict)
+    refuse: Callable[[object, object], str | None] | None = None
 
     @property
     def hooks(self) -> tuple[str, ...]:
@@ -99,7 +106,7 @@ class DecoderAdapter:
     def install_model(self, model: torch.nn.Module, state) -> None:
         """Model-level hooks (after the layers are built): the token embedding, for token
         conditions."""
-        install_token_hook(model, state)
+        install_token_hook(model, state, self.embed)
 
 
 __all__ = ["PAIR", "SINGLE", "DecoderAdapter", "all_layers", "submodule"]

@@ -18,6 +18,30 @@ def _qwen3_moe_layers(c) -> list[int]:
     return [L for L in range(c.num_hidden_layers) if L not in dense and (L + 1) % step == 0]
 
 
+def _deepseek_v2_moe_layers(c) -> list[int]:
+    """vLLM's ``DeepseekV2DecoderLayer``: a MoE block from ``first_k_dense_replace`` on, on the
+    ``moe_layer_freq`` grid (routed experts configured); the first layers are dense."""
+    if getattr(c, "n_routed_experts", None) is None:
+        return []
+    first = getattr(c, "first_k_dense_replace", 0) or 0
+    freq = getattr(c, "moe_layer_freq", 1) or 1
+    return [L for L in range(c.num_hidden_layers) if L >= first and L % freq == 0]
+
+
+def _deepseek_v2_fp16(c, dtype) -> str | None:
+    """vLLM's ``DeepseekV2DecoderLayer`` in float16 (against overflow) divides the attention
+    output, layer 0's residual and the dense MLPs' output by ``routed_scaling_factor``, and its
+    MoE runner leaves the factor off the routed experts and divides the shared experts' output by
+    it: the stream it carries is the model's stream / factor, and a write at ``hook_attn_out``
+    lands before the division."""
+    f = getattr(c, "routed_scaling_factor", 1.0)
+    if str(dtype) == "torch.float16" and f != 1.0:
+        return (f"in float16 vLLM carries this model's residual stream divided by routed_scaling_factor {f} "
+                "(its overflow guard), so hook values and writes would not mean what docs/hooks.md says; "
+                "use bfloat16 or float32")
+    return None
+
+
 LLAMA = DecoderAdapter(
     # vLLM serves Phi-3 with Llama's model and layer classes (fused qkv / gate_up weights)
     ("LlamaForCausalLM", "Phi3ForCausalLM"), _M + "llama", "LlamaDecoderLayer", "LlamaModel")
@@ -74,5 +98,26 @@ OLMO3 = DecoderAdapter(
              "hook_resid_mid": "resid_pre + attn_out (the MLP's input: no pre-norm)",
              "hook_mlp_out": "post_feedforward_layernorm(mlp output): what the MLP adds to the stream"})
 
+DEEPSEEK_V2 = DecoderAdapter(
+    # Llama's pair body around MLA attention (the MLA form on GPU, its MHA form with
+    # VLLM_MLA_DISABLE=1; both end in o_proj) and a MoE block whose gate is handed to FusedMoE
+    # with the shared experts, as Qwen3-MoE's; the first first_k_dense_replace layers are dense
+    ("DeepseekV2ForCausalLM",), _M + "deepseek_v2", "DeepseekV2DecoderLayer", "DeepseekV2Model",
+    router="mlp.gate", router_layers=_deepseek_v2_moe_layers, gate_in_experts="mlp.experts",
+    refuse=_deepseek_v2_fp16,
+    meaning={"hook_attn_out": "self_attn output (MLA, o_proj)",
+             "hook_mlp_out": "MoE output (mlp: routed experts + shared experts) or the dense MLP's",
+             "mlp.hook_router_logits": "mlp.gate output, computed in the block's forward (taken out of "
+                                       "FusedMoE), before softmax / top-k; MoE layers only"})
+
+GPT_OSS = DecoderAdapter(
+    # Llama's pair body (forward(hidden_states, positions, residual)); attention with sinks in
+    # `attn`; the router is a linear layer the block calls itself before FusedMoE (as Mixtral's)
+    ("GptOssForCausalLM",), _M + "gpt_oss", "TransformerBlock", "GptOssModel",
+    args=(0, 2), attn_out="attn", router="mlp.router", embed="embedding",
+    meaning={"hook_attn_out": "attn output (o_proj; attention with sinks)",
+             "hook_mlp_out": "MoE output (mlp)",
+             "mlp.hook_router_logits": "mlp.router output (with its bias), before softmax / top-k"})
+
 ADAPTERS: tuple[DecoderAdapter, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GRANITE, MIXTRAL, QWEN3_MOE, GEMMA2, GEMMA3,
-                                        OLMO3)
+                                        OLMO3, DEEPSEEK_V2, GPT_OSS)

@@ -32,6 +32,7 @@ def validate_engine_config(vllm_config) -> None:
     archs = list(getattr(mc, "architectures", None) or getattr(mc.hf_config, "architectures", []) or [])
     validate_for_model(dep, archs, mc.hf_config)
     text = text_config(mc.hf_config)
+    _check_family_dtype(dep, archs, text, getattr(mc, "dtype", None))
 
     for ai, app in enumerate(dep.apps):
         check_write_magnitude(vllm_config, app.name, None, f"additional_config.xmix.apps.{ai}({app.name})", per_op=True)
@@ -140,6 +141,19 @@ def validate_for_model(dep, archs: list[str], hf_config) -> None:
                         getattr(text, "vocab_size", None))
     if adapter is not None and adapter.router is not None:
         _check_router_layers(dep, adapter, archs[0], text)
+
+
+def _check_family_dtype(dep, archs: list[str], text, dtype) -> None:
+    """A family's own refusal of this model in this dtype (``DecoderAdapter.refuse``), with apps
+    deployed or reserved for apps added later."""
+    from ..adapters import SUPPORTED_ARCHITECTURES
+
+    adapter = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if (dep.apps or dep.reserve is not None) and adapter is not None and adapter.refuse is not None:
+        why = adapter.refuse(text, dtype)
+        if why:
+            raise XmixSpecError(f"additional_config.xmix: dtype {str(dtype).removeprefix('torch.')} of {archs[0]}: "
+                                f"{why}")
 
 
 def _check_router_layers(dep, adapter, arch: str, text) -> None:
