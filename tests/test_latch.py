@@ -86,21 +86,28 @@ def new_maximum(vals, lo, hi, avoid=()):
     raise AssertionError("no clear new maximum in the range: change the prompt")
 
 
-@pytest.fixture(scope="module")
-def oracle(hf):
-    """The probe direction, the thresholds of the two cases and HF's latched decodings."""
-    P = len(PROMPT_A)
-    plain = hf.greedy(PROMPT_A, N)
-    H = hf.record(PROMPT_A + plain[:-1], [(LAYER, "hook_resid_post")])[(LAYER, "hook_resid_post")]
+def peaking_direction(hf, prompt: list[int], n: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """A unit probe direction ``w`` (float32 ``[d_model]``) whose values on HF's greedy decoding
+    of ``prompt`` (``n`` tokens) at ``blocks.LAYER.hook_resid_post`` reach a clear new maximum
+    at a generated position: ``(w, values float64 [len(prompt) + n - 1], plain tokens)``."""
+    P = len(prompt)
+    plain = hf.greedy(prompt, n)
+    H = hf.record(prompt + plain[:-1], [(LAYER, "hook_resid_post")])[(LAYER, "hook_resid_post")]
     H = H.astype(np.float64)
-    for p in range(P + 2, len(H)):  # a direction whose values peak at a generated position
+    for p in range(P + 2, len(H)):
         w = H[p] - H[:p].mean(axis=0)
         w = (w / np.linalg.norm(w)).astype(np.float32)
         vals = H @ w.astype(np.float64)
         if vals[p] - vals[:p].max() > 2e-2:
-            break
-    else:
-        raise AssertionError("no generated position is a clear new maximum: change the prompt")
+            return w, vals, plain
+    raise AssertionError("no generated position is a clear new maximum: change the prompt")
+
+
+@pytest.fixture(scope="module")
+def oracle(hf):
+    """The probe direction, the thresholds of the two cases and HF's latched decodings."""
+    P = len(PROMPT_A)
+    w, vals, plain = peaking_direction(hf, PROMPT_A, N)
     q_gen, thr_gen = new_maximum(vals, P + 2, len(vals))
     q_prompt, thr_prompt = new_maximum(vals, 3, P - 1, avoid=(16, 32))  # not at a chunk's first token
     out = dict(w=w, P=P, plain=plain, plain_b=hf.greedy(PROMPT_B, N), plain_c=hf.greedy(PROMPT_C, N))

@@ -36,7 +36,7 @@ from test_latch import LAYER as LATCH_LAYER
 from test_latch import SCALE as LATCH_SCALE
 from test_latch import V as LATCH_V
 from test_latch import WRITE_LAYERS as LATCH_WRITE_LAYERS
-from test_latch import hf_latch, new_maximum
+from test_latch import hf_latch, new_maximum, peaking_direction
 
 from vllm_xmix._vllm_compat.introspection import EXTENSION
 
@@ -53,17 +53,7 @@ def latch_case(hf):
     """A probe direction at blocks.1.hook_resid_post whose values on LATCH_PROMPT's greedy
     continuation first cross a threshold at a generated position (test_latch's construction)."""
     P = len(LATCH_PROMPT)
-    plain = hf.greedy(LATCH_PROMPT, LATCH_N)
-    H = hf.record(LATCH_PROMPT + plain[:-1], [(LATCH_LAYER, "hook_resid_post")])[(LATCH_LAYER, "hook_resid_post")]
-    H = H.astype(np.float64)
-    for p in range(P + 2, len(H)):
-        w = H[p] - H[:p].mean(axis=0)
-        w = (w / np.linalg.norm(w)).astype(np.float32)
-        vals = H @ w.astype(np.float64)
-        if vals[p] - vals[:p].max() > 2e-2:
-            break
-    else:
-        raise AssertionError("no generated position is a clear new maximum: change the prompt")
+    w, vals, plain = peaking_direction(hf, LATCH_PROMPT, LATCH_N)
     q, thr = new_maximum(vals, P + 2, len(vals))
     gen, probe, q_hf = hf_latch(hf, LATCH_PROMPT, w, thr, n=LATCH_N)
     assert q_hf == q and gen != plain

@@ -54,8 +54,7 @@ def write_checkpoint(model_dir: str, out: str, *, dtype: str = "bfloat16", seed:
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out, max_shard_size="5GB")
-    for extra in ("generation_config.json",):  # the config folder's other files, where present
-        src = os.path.join(model_dir, extra)
-        if os.path.exists(src):
-            shutil.copy(src, out)
+    gen = os.path.join(model_dir, "generation_config.json")  # the config folder's, where it has one
+    if os.path.exists(gen):
+        shutil.copy(gen, out)
     return out
