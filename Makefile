@@ -17,7 +17,8 @@ setup-vllm032:
 demo: setup
 	.venv/bin/python -m vllm_xmix.demo
 
-test: setup setup-vllm032
+test:
+	@bash scripts/setup-cpu.sh all
 	@bash scripts/run-tests.sh
 
 test-vllm026: setup
