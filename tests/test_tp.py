@@ -80,14 +80,16 @@ def deployment(thr, latch):
 @pytest.fixture(scope="module")
 def tp_env():
     """vLLM's CPU workers bind their OpenMP threads per rank: one core each (the default, 'auto',
-    wants one NUMA node per rank)."""
+    wants one NUMA node per rank; a pytest-xdist worker's one-core binding, conftest.py, would
+    give two ranks one list)."""
     old = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    if old is None:
-        n = os.cpu_count() or 2
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1" if n >= 2 else "nobind"
+    n = os.cpu_count() or 2
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1" if n >= 2 else "nobind"
     yield
     if old is None:
         os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    else:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = old
 
 
 @pytest.fixture(scope="module")
