@@ -20,21 +20,24 @@ os.environ.setdefault("VLLM_MLA_DISABLE", "1")
 os.environ.pop("VLLM_CPU_CI_ENV", None)  # keep Inductor for the compiled mode: where hooks vanish
 
 
-def _bind_xdist_worker() -> None:
+def _bind_xdist_worker() -> str | None:
     """Under pytest-xdist (``-n N``), worker ``gwK`` binds its engines' OpenMP threads to core K mod
     the cores this process may use. vLLM's CPU default ("auto") reserves the last core and binds
     every engine to the same first core, so two workers would share one core and leave the other
     idle; one thread per worker keeps them from oversubscribing (the engine runs one thread per
-    bound core either way). An explicit ``VLLM_CPU_OMP_THREADS_BIND`` is left as it is."""
+    bound core either way). An explicit ``VLLM_CPU_OMP_THREADS_BIND`` is left as it is. Returns the
+    binding set here, or None."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw") or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
-        return
+        return None
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return os.environ["VLLM_CPU_OMP_THREADS_BIND"]
 
 
-_bind_xdist_worker()
+#: the one-core binding of this pytest-xdist worker (None: not a worker, or the user's own binding)
+WORKER_BIND = _bind_xdist_worker()
 
 import numpy as np
 import pytest

@@ -26,7 +26,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import close_llm, make_llm, unit_rms
+from conftest import WORKER_BIND, close_llm, make_llm, unit_rms
 from test_conditions import PROMPTS as COND_PROMPTS
 from test_conditions import deployment as cond_deployment
 from test_conditions import ref as cond_ref
@@ -80,11 +80,12 @@ def deployment(thr, latch):
 @pytest.fixture(scope="module")
 def tp_env():
     """vLLM's CPU workers bind their OpenMP threads per rank: one core each (the default, 'auto',
-    wants one NUMA node per rank; a pytest-xdist worker's one-core binding, conftest.py, would
-    give two ranks one list)."""
+    wants one NUMA node per rank). A binding the user set is kept; a pytest-xdist worker's
+    one-core binding (conftest.WORKER_BIND) is replaced, since it would give two ranks one list."""
     old = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    n = os.cpu_count() or 2
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1" if n >= 2 else "nobind"
+    if old is None or old == WORKER_BIND:
+        n = os.cpu_count() or 2
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1" if n >= 2 else "nobind"
     yield
     if old is None:
         os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
