@@ -564,3 +564,25 @@ def test_replaced_cast_threshold_goes_into_the_spare_copy_with_its_own_condition
     assert counts() == dict(versions_held=2, versions_superseded=0, entries_held=4, spare_total=3, spare_free=3,
                             reserved_total=n_pool, reserved_free=n_pool - 1)  # version 1 of cast released
     assert lay.read_info[lay.version_entries[("p", 1)][0]][4:] == ("p", "probe", 1)
+
+
+def test_norm_hosts_find_their_sites_from_the_weight():
+    """``fused_writes="norm"``: the hook op of a hosting norm finds its sites from the norm's
+    weight (no per-layer constant in the compiled graph); a parameter replaced after install is
+    found again; a weight no hosting norm has, or two hosting norms sharing one weight, raise."""
+    from vllm_xmix.runtime.norm_hosts import NormHosts
+
+    norms = [torch.nn.Module() for _ in range(3)]
+    for m in norms:
+        m.weight = torch.nn.Parameter(torch.ones(8))
+    hosts = NormHosts()
+    for i, m in enumerate(norms):
+        hosts.add(m, (2 * i, 2 * i + 1 if i else -1))
+    assert [hosts.sites_of(m.weight.data) for m in norms] == [(0, -1), (2, 3), (4, 5)]
+    norms[1].weight = torch.nn.Parameter(torch.zeros(8))  # replaced: looked up again
+    assert hosts.sites_of(norms[1].weight.data) == (2, 3)
+    with pytest.raises(RuntimeError, match="no hosting norm"):
+        hosts.sites_of(torch.ones(8))
+    norms[2].weight = norms[0].weight
+    with pytest.raises(RuntimeError, match="share one weight"):
+        hosts.sites_of(torch.ones(8))

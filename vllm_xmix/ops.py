@@ -95,9 +95,10 @@ def _reads(st, h: torch.Tensor, other: torch.Tensor | None, plan) -> None:
         lay.conditions.set_latches(plan.latch_reads, plan.latch_idx, h.shape[0], lay.cols_host, lay.cols)
 
 
-def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, site_a: int,
-               site_b: int) -> None:
-    """The hook op of the residual-stream sites (``site_a`` then ``site_b``; -1: none) that lie
+def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """The hook op of the residual-stream sites (``site_a`` then ``site_b``, looked up from the
+    norm's ``weight``: ``runtime.norm_hosts.NormHosts``, so that no per-layer constant enters the
+    compiled graph) that lie
     just before one of vLLM's fused residual add + RMSNorm calls, which it replaces (deployment
     ``fused_writes="norm"``, :mod:`.kernels.add_rms_norm`): ``x`` [T, d_model] the norm's input
     (the other half of the stream) and ``residual`` [T, d_model], same dtype, both mutated to the
@@ -106,10 +107,13 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     on: vLLM's kernel (``torch.ops._C.fused_add_rms_norm`` on CUDA, the native IR op elsewhere).
     One site on with unconditional writes: one kernel applies them and the norm
     (``add_rms_norm_triton``), then its reads (on the stream, ``residual``). Otherwise each site
-    as :func:`hook_write_` (on ``residual``, ``other`` = ``x``), then vLLM's norm."""
+    as :func:`hook_write_` (on ``residual``, ``other`` = ``x``), then vLLM's norm.
+
+    Raises:
+        RuntimeError: ``weight`` is no hosting norm's (see ``NormHosts.sites_of``)."""
     st = _state()
     plans = []
-    for s in (site_a, site_b):
+    for s in st.norm_hosts.sites_of(weight):
         if s >= 0:
             st.calls[s] += 1
             if st.replicas.on:
@@ -141,7 +145,7 @@ def plain_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     x.copy_(out)
 
 
-def hook_norm_fake(x, residual, weight, eps, site_a, site_b) -> None:
+def hook_norm_fake(x, residual, weight, eps) -> None:
     return None
 
 

@@ -179,10 +179,12 @@ def fusable_norm(module) -> bool:
     return type(module) is RMSNorm and bool(module.has_weight) and module.variance_size_override is None
 
 
-def _norm_forward(sites: tuple[int, int], norm, x: torch.Tensor, residual: torch.Tensor | None = None):
+def _norm_forward(norm, x: torch.Tensor, residual: torch.Tensor | None = None):
     if residual is None:  # the first layer's input norm has no residual; no site is placed there
         raise RuntimeError("vllm_xmix: a norm hosting hook sites was called without a residual")
-    torch.ops.vllm_xmix.hook_norm_(x, residual, norm.weight.data, norm.variance_epsilon, sites[0], sites[1])
+    # no site constants in the graph: the op finds the sites from the weight (runtime/norm_hosts.py),
+    # so identically hooked layers compile to isomorphic pieces that vLLM compiles once
+    torch.ops.vllm_xmix.hook_norm_(x, residual, norm.weight.data, norm.variance_epsilon)
     return x, residual
 
 
@@ -190,7 +192,8 @@ def _install_norm(norm: torch.nn.Module, state, site_a: int | None, site_b: int 
     """Make ``norm`` (a :func:`fusable_norm`) the hook op of the sites just before it: its
     ``forward(x, residual)`` becomes ``ops.hook_norm_`` (the sites' writes, vLLM's add + RMSNorm)."""
     sites = (-1 if site_a is None else site_a, -1 if site_b is None else site_b)
-    norm.forward = functools.partial(_norm_forward, sites, norm)
+    norm.forward = functools.partial(_norm_forward, norm)
+    state.norm_hosts.add(norm, sites)
     state.installed.update(s for s in sites if s >= 0)
 
 
