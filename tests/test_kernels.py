@@ -707,3 +707,80 @@ def test_norm_triton_matches_reference_cuda():
 
 def test_norm_triton_matches_reference_interpreter():
     run_interpreted("_norm_triton_check")
+
+
+def _norm_cond_inputs(device, dtype, seed=4):
+    """A site with two unconditional adds applied first (``pre``) and conditional writes of every
+    condition kind (make_cond_state), before the norm."""
+    T, st, cond_host, coef, entries, kinds, values, vec, h, other = make_cond_state(device, seed=seed)
+    w = (1 + 0.1 * torch.randn(h.shape[1], generator=torch.Generator().manual_seed(seed))).to(dtype).to(device)
+    mult = gate_of(T, entries, cond_host, st)
+    return T, st, cond_host, coef, [0, 2], entries, kinds, values, vec, other.to(dtype), h.to(dtype), w, mult
+
+
+def gate_of(T, entries, cond_host, st):
+    from vllm_xmix.kernels.cond_gate import gate_reference
+
+    return gate_reference(T, entries, cond_host, st["tok_slot"], st["tok_pos"], st["slot_plen"], st["tok_cur"],
+                          st["tok_prev"], st["bitmaps"], st["out"], st["req_mean"], st["latch_pos"])
+
+
+def test_norm_reference_with_adds_first_and_gates_matches_definition():
+    """``pre`` adds (one float32 sum, rounded once), then the gated entries in order (each
+    rounded), then vLLM's add + RMSNorm: row by row, from the module docstring."""
+    from vllm_xmix.kernels.add_rms_norm import add_rms_norm_reference
+
+    T, st, cond_host, coef, pre, entries, kinds, values, vec, x, r, w, mult = _norm_cond_inputs("cpu", torch.float32)
+    assert mult.any() and not mult.all()  # some tokens gated off, some on
+    eps = 1e-5
+    gx, gr = x.clone(), r.clone()
+    add_rms_norm_reference(gx, gr, w, eps, st["tok_slot"], coef, entries, kinds, values, vec, True, pre=pre, mult=mult)
+    for t in range(T):
+        s = int(st["tok_slot"][t])
+        h = r[t].float()
+        cs = [float(coef[s, e]) for e in pre]
+        if any(cs):
+            h = h + sum(c * vec[e] for e, c in zip(pre, cs))
+        for i, e in enumerate(entries):
+            c = float(coef[s, e]) * float(mult[t, i])
+            if c != 0.0:
+                h = h + (c * (values[e] - float((h + x[t].float()) @ vec[e])) if kinds[e] == 1 else c) * vec[e]
+        z = x[t].float() + h
+        want_x = z / math.sqrt(float((z * z).mean()) + eps) * w.float()
+        torch.testing.assert_close(gr[t], z, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gx[t], want_x, rtol=1e-5, atol=1e-5)
+
+
+def _norm_cond_triton_check(device: str) -> None:
+    """The norm kernel with ``pre`` adds and conditions evaluated inline == the torch reference
+    with the reference gate, float32 and bfloat16; ``cond`` without row semantics is refused."""
+    from vllm_xmix.kernels.add_rms_norm import add_rms_norm_reference, add_rms_norm_triton
+
+    dev = lambda v, dt: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
+    for dtype in (torch.float32, torch.bfloat16):
+        T, st, cond_host, coef, pre, entries, kinds, values, vec, x, r, w, mult = _norm_cond_inputs(device, dtype)
+        cond = dict(st, cond_i=dev([list(c[:4]) for c in cond_host], torch.int32),
+                    cond_thr=dev([c[4] for c in cond_host], torch.float32))
+        for use_pre in (pre, []):
+            wx, wr = x[:T].clone(), r[:T].clone()
+            add_rms_norm_reference(wx, wr, w, 1e-5, st["tok_slot"], coef, entries, kinds, values, vec, True,
+                                   pre=use_pre, mult=mult)
+            gx, gr = x[:T].clone(), r[:T].clone()
+            add_rms_norm_triton(gx, gr, w, 1e-5, st["tok_slot"], coef, dev(entries, torch.int32),
+                                dev(kinds, torch.int32), dev(values, torch.float32), vec, True,
+                                pre=dev(use_pre, torch.int32) if use_pre else None, cond=cond)
+            tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=6.25e-2)
+            torch.testing.assert_close(gr, wr, **tol)
+            torch.testing.assert_close(gx, wx, **tol)
+    with pytest.raises(ValueError, match="row semantics"):
+        add_rms_norm_triton(gx, gr, w, 1e-5, st["tok_slot"], coef, dev(entries, torch.int32), dev(kinds, torch.int32),
+                            dev(values, torch.float32), vec, False, cond=cond)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_norm_cond_triton_matches_reference_cuda():
+    _norm_cond_triton_check("cuda")
+
+
+def test_norm_cond_triton_matches_reference_interpreter():
+    run_interpreted("_norm_cond_triton_check")

@@ -105,9 +105,10 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     norm's outputs (``x`` <- RMSNorm(x + residual) * ``weight`` [d_model], ``residual`` <- the
     stream after the sites' writes); ``eps``: the norm's epsilon. No site of the step's variant
     on: vLLM's kernel (``torch.ops._C.fused_add_rms_norm`` on CUDA, the native IR op elsewhere).
-    One site on with unconditional writes: one kernel applies them and the norm
-    (``add_rms_norm_triton``), then its reads (on the stream, ``residual``). Otherwise each site
-    as :func:`hook_write_` (on ``residual``, ``other`` = ``x``), then vLLM's norm.
+    One site on (on CUDA): one kernel applies its writes, conditional ones included (the gates
+    evaluated inline), and the norm (``add_rms_norm_triton``), then its reads (on the stream,
+    ``residual``). Two sites on, or no Triton: each site as :func:`hook_write_` (on
+    ``residual``, ``other`` = ``x``), then vLLM's norm.
 
     Raises:
         RuntimeError: ``weight`` is no hosting norm's (see ``NormHosts.sites_of``)."""
@@ -121,10 +122,10 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
             p = st.variants.site_plan(s, 0)
             if p is not None:
                 plans.append((s, p))
-    if len(plans) == 1 and x.is_cuda and HAS_TRITON and plans[0][1].pre is None and not plans[0][1].has_cond:
+    if len(plans) == 1 and x.is_cuda and HAS_TRITON:
         p, lay = plans[0][1], st.layout
         add_rms_norm_triton(x, residual, weight, eps, lay.tok_slot, lay.coef, p.writes, lay.kinds, lay.values,
-                            lay.vectors, p.row)
+                            lay.vectors, p.row, pre=p.pre, cond=lay.conditions.cond_args if p.has_cond else None)
         _reads(st, residual, None, p)
         return
     for s, p in plans:
