@@ -753,7 +753,8 @@ def test_norm_reference_with_adds_first_and_gates_matches_definition():
 
 def _norm_cond_triton_check(device: str) -> None:
     """The norm kernel with ``pre`` adds and conditions evaluated inline == the torch reference
-    with the reference gate, float32 and bfloat16; ``cond`` without row semantics is refused."""
+    with the reference gate, float32 and bfloat16, for one site and for two sites at one norm
+    (in order); gated writes without row semantics or without the condition tensors are refused."""
     from vllm_xmix.kernels.add_rms_norm import add_rms_norm_reference, add_rms_norm_triton
 
     dev = lambda v, dt: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
@@ -772,9 +773,32 @@ def _norm_cond_triton_check(device: str) -> None:
             tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=6.25e-2)
             torch.testing.assert_close(gr, wr, **tol)
             torch.testing.assert_close(gx, wx, **tol)
+        # two sites at one norm: ungated adds/ablations (first), then gated writes after adds (second)
+        first = [1, 3, 0]  # kinds PROJ, PROJ, ADD
+        gates = gate_of(T, entries, cond_host, st)
+        for row_a in (True, False):
+            ents_a = first if row_a else [0, 2]  # (add semantics: adds only)
+            wx, wr = x[:T].clone(), r[:T].clone()
+            add_rms_norm_reference(wx, wr, w, 1e-5, st["tok_slot"], coef, ents_a, kinds, values, vec, row_a,
+                                   second=(entries, True, pre, gates))
+            gx, gr = x[:T].clone(), r[:T].clone()
+            add_rms_norm_triton(gx, gr, w, 1e-5, st["tok_slot"], coef, dev(ents_a, torch.int32),
+                                dev(kinds, torch.int32), dev(values, torch.float32), vec, row_a, cond=cond, gated=False,
+                                second=(dev(entries, torch.int32), True, dev(pre, torch.int32), True))
+            torch.testing.assert_close(gr, wr, **tol)
+            torch.testing.assert_close(gx, wx, **tol)
+            # the order matters: the second site's projections see the first site's writes
+            ox, orr = x[:T].clone(), r[:T].clone()
+            add_rms_norm_reference(ox, orr, w, 1e-5, st["tok_slot"], coef, entries, kinds, values, vec, True,
+                                   pre=pre, mult=gates, second=(ents_a, row_a, None, None))
+            assert not torch.allclose(orr, wr, rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError, match="row semantics"):
         add_rms_norm_triton(gx, gr, w, 1e-5, st["tok_slot"], coef, dev(entries, torch.int32), dev(kinds, torch.int32),
                             dev(values, torch.float32), vec, False, cond=cond)
+    with pytest.raises(ValueError, match="condition tensors"):
+        add_rms_norm_triton(gx, gr, w, 1e-5, st["tok_slot"], coef, dev(entries, torch.int32), dev(kinds, torch.int32),
+                            dev(values, torch.float32), vec, True,
+                            second=(dev(entries, torch.int32), True, None, True))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -105,10 +105,10 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     norm's outputs (``x`` <- RMSNorm(x + residual) * ``weight`` [d_model], ``residual`` <- the
     stream after the sites' writes); ``eps``: the norm's epsilon. No site of the step's variant
     on: vLLM's kernel (``torch.ops._C.fused_add_rms_norm`` on CUDA, the native IR op elsewhere).
-    One site on (on CUDA): one kernel applies its writes, conditional ones included (the gates
-    evaluated inline), and the norm (``add_rms_norm_triton``), then its reads (on the stream,
-    ``residual``). Two sites on, or no Triton: each site as :func:`hook_write_` (on
-    ``residual``, ``other`` = ``x``), then vLLM's norm.
+    Sites on (on CUDA): one kernel applies their writes in order, conditional ones included (the
+    gates evaluated inline), and the norm (``add_rms_norm_triton``), then the reads of the last
+    site on (on the stream, ``residual``). The first of two sites with reads, or no Triton: each
+    site as :func:`hook_write_` (on ``residual``, ``other`` = ``x``), then vLLM's norm.
 
     Raises:
         RuntimeError: ``weight`` is no hosting norm's (see ``NormHosts.sites_of``)."""
@@ -122,11 +122,16 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
             p = st.variants.site_plan(s, 0)
             if p is not None:
                 plans.append((s, p))
-    if len(plans) == 1 and x.is_cuda and HAS_TRITON:
-        p, lay = plans[0][1], st.layout
+    # one kernel for the writes and the norm, unless the first of two sites has reads (they must
+    # see the stream between the two sites' writes)
+    if plans and x.is_cuda and HAS_TRITON and (len(plans) == 1 or plans[0][1].reads is None):
+        lay = st.layout
+        p, q = plans[0][1], (plans[1][1] if len(plans) > 1 else None)
+        cond = lay.conditions.cond_args if (p.has_cond or (q is not None and q.has_cond)) else None
         add_rms_norm_triton(x, residual, weight, eps, lay.tok_slot, lay.coef, p.writes, lay.kinds, lay.values,
-                            lay.vectors, p.row, pre=p.pre, cond=lay.conditions.cond_args if p.has_cond else None)
-        _reads(st, residual, None, p)
+                            lay.vectors, p.row, pre=p.pre, cond=cond, gated=p.has_cond,
+                            second=None if q is None else (q.writes, q.row, q.pre, q.has_cond))
+        _reads(st, residual, None, q or p)
         return
     for s, p in plans:
         _apply_plan(st, residual, x, s, p)

@@ -34,7 +34,10 @@ contiguous, both mutated; ``weight`` ``[D]`` of their dtype; ``tok_slot`` int32 
 ``coef`` float32 ``[S, E_total]``; ``entries`` int32 ``[E]`` (E may be 0: the norm alone);
 ``kinds`` int32 / ``values`` float32 ``[E_total]``; ``vectors`` float32 ``[E_total, >= D]``;
 ``eps`` a float; ``pre`` int32 ``[E_pre]`` or None; ``cond``: None, or the condition tensors of
-:mod:`.cond_gate` (``ConditionState.cond_args``), for ROW writes with conditions (SEAL, CAST, latches). One program per token over the whole row (``BLOCK_D`` = next power of two >= D).
+:mod:`.cond_gate` (``ConditionState.cond_args``), for ROW writes with conditions (SEAL, CAST,
+latches). Two sites at one norm (``resid_post[L-1]`` then ``resid_pre[L]``): the first's writes,
+then the second's, then the norm. One program per token over the whole row (``BLOCK_D`` = next
+power of two >= D).
 Graph-safe: no host sync, fixed launch for a given T.
 """
 
@@ -51,20 +54,13 @@ if HAS_TRITON:
 
     from .cond_gate import cond_gate
 
-    @triton.jit(do_not_specialize=["n_entries", "n_pre"])
-    def _add_rms_norm_kernel(x_ptr, stride_x, r_ptr, stride_r, w_ptr, tok_slot_ptr, coef_ptr, stride_coef,
-                             entries_ptr, kinds_ptr, values_ptr, vec_ptr, stride_vec, n_entries, D, eps,
-                             pre_ptr, n_pre,
-                             cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr, tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V,
-                             out_ptr, stride_out, mean_ptr, stride_mean, latch_ptr, stride_latch,
-                             ROW: tl.constexpr, HAS_PRE: tl.constexpr, HAS_COND: tl.constexpr,
-                             BLOCK_D: tl.constexpr):
-        t = tl.program_id(0).to(tl.int64)
-        offs = tl.arange(0, BLOCK_D)
-        m = offs < D
-        x = tl.load(x_ptr + t * stride_x + offs, mask=m, other=0.0)
-        h = tl.load(r_ptr + t * stride_r + offs, mask=m, other=0.0)
-        slot = tl.load(tok_slot_ptr + t).to(tl.int64)
+    @triton.jit
+    def _site_writes(h, x, m, offs, t, slot, coef_ptr, stride_coef, kinds_ptr, values_ptr, vec_ptr, stride_vec,
+                     entries_ptr, n_entries, pre_ptr, n_pre,
+                     cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr, tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V,
+                     out_ptr, stride_out, mean_ptr, stride_mean, latch_ptr, stride_latch,
+                     ROW: tl.constexpr, HAS_PRE: tl.constexpr, HAS_COND: tl.constexpr, BLOCK_D: tl.constexpr):
+        """One site's writes on the row ``h`` (the other half of the stream: ``x``)."""
         if HAS_PRE:  # the add kernel's semantics: one float32 sum, rounded once
             acc = tl.zeros([BLOCK_D], dtype=tl.float32)
             nz = tl.zeros([BLOCK_D], dtype=tl.int32)
@@ -103,6 +99,32 @@ if HAS_TRITON:
                 acc += c * v
                 nz += on.to(tl.int32)
             h = tl.where(nz > 0, (h.to(tl.float32) + acc).to(h.dtype), h)
+        return h
+
+    @triton.jit(do_not_specialize=["n_entries", "n_pre", "n_entries2", "n_pre2"])
+    def _add_rms_norm_kernel(x_ptr, stride_x, r_ptr, stride_r, w_ptr, tok_slot_ptr, coef_ptr, stride_coef,
+                             kinds_ptr, values_ptr, vec_ptr, stride_vec, D, eps,
+                             entries_ptr, n_entries, pre_ptr, n_pre, entries2_ptr, n_entries2, pre2_ptr, n_pre2,
+                             cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr, tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V,
+                             out_ptr, stride_out, mean_ptr, stride_mean, latch_ptr, stride_latch,
+                             ROW: tl.constexpr, HAS_PRE: tl.constexpr, HAS_COND: tl.constexpr,
+                             TWO: tl.constexpr, ROW2: tl.constexpr, HAS_PRE2: tl.constexpr, HAS_COND2: tl.constexpr,
+                             BLOCK_D: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK_D)
+        m = offs < D
+        x = tl.load(x_ptr + t * stride_x + offs, mask=m, other=0.0)
+        h = tl.load(r_ptr + t * stride_r + offs, mask=m, other=0.0)
+        slot = tl.load(tok_slot_ptr + t).to(tl.int64)
+        h = _site_writes(h, x, m, offs, t, slot, coef_ptr, stride_coef, kinds_ptr, values_ptr, vec_ptr, stride_vec,
+                         entries_ptr, n_entries, pre_ptr, n_pre, cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr,
+                         tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V, out_ptr, stride_out, mean_ptr, stride_mean,
+                         latch_ptr, stride_latch, ROW, HAS_PRE, HAS_COND, BLOCK_D)
+        if TWO:  # the second site at the same norm (resid_pre[L] after resid_post[L-1]), in order
+            h = _site_writes(h, x, m, offs, t, slot, coef_ptr, stride_coef, kinds_ptr, values_ptr, vec_ptr,
+                             stride_vec, entries2_ptr, n_entries2, pre2_ptr, n_pre2, cond_i_ptr, cond_thr_ptr,
+                             tok_pos_ptr, plen_ptr, tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V, out_ptr, stride_out,
+                             mean_ptr, stride_mean, latch_ptr, stride_latch, ROW2, HAS_PRE2, HAS_COND2, BLOCK_D)
         z = (x.to(tl.float32) + h.to(tl.float32)).to(h.dtype)
         zf = tl.where(m, z.to(tl.float32), 0.0)
         rs = 1.0 / tl.sqrt(tl.sum(zf * zf, axis=0) / D + eps)
@@ -125,63 +147,78 @@ def _norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                            tok_slot: torch.Tensor, coef: torch.Tensor, entries: list[int], kinds: list[int],
                            values: list[float], vectors: torch.Tensor, row: bool, pre: list[int] | None = None,
-                           mult: torch.Tensor | None = None) -> None:
+                           mult: torch.Tensor | None = None, second: tuple | None = None) -> None:
     """Torch reference of :func:`add_rms_norm_triton` (the module docstring's semantics);
     ``entries`` / ``kinds`` / ``values`` / ``pre`` are host lists; ``mult`` ``[T, len(entries)]``
-    float32: the entries' condition gates (``cond_gate.gate_reference``), None for none. Mutates
-    ``x`` and ``residual``."""
+    float32: the entries' condition gates (``cond_gate.gate_reference``), None for none;
+    ``second``: ``(entries, row, pre, mult)`` of a second site applied after the first, or None.
+    Mutates ``x`` and ``residual``."""
     if x.shape[0] == 0:
         return
-    if pre:
-        steer_add_reference(residual, tok_slot, coef, torch.tensor(pre, dtype=torch.int32, device=residual.device),
-                            vectors)
-    if entries:
-        if row:
-            row_write_reference(residual, x, tok_slot, coef, entries, kinds, values, vectors, mult=mult)
-        else:
-            idx = torch.tensor(entries, dtype=torch.int32, device=residual.device)
-            steer_add_reference(residual, tok_slot, coef, idx, vectors)
+    for ents, rw, pr, mu in [(entries, row, pre, mult)] + ([tuple(second)] if second is not None else []):
+        if pr:
+            steer_add_reference(residual, tok_slot, coef, torch.tensor(pr, dtype=torch.int32, device=residual.device),
+                                vectors)
+        if ents:
+            if rw:
+                row_write_reference(residual, x, tok_slot, coef, ents, kinds, values, vectors, mult=mu)
+            else:
+                idx = torch.tensor(ents, dtype=torch.int32, device=residual.device)
+                steer_add_reference(residual, tok_slot, coef, idx, vectors)
     _norm_reference(x, residual, weight, eps)
 
 
 def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                         tok_slot: torch.Tensor, coef: torch.Tensor, entries: torch.Tensor | None,
                         kinds: torch.Tensor, values: torch.Tensor, vectors: torch.Tensor, row: bool,
-                        pre: torch.Tensor | None = None, cond: dict | None = None) -> None:
+                        pre: torch.Tensor | None = None, cond: dict | None = None, gated: bool | None = None,
+                        second: tuple | None = None) -> None:
     """Triton implementation (CUDA, or CPU under ``TRITON_INTERPRET=1``); ``entries`` / ``pre``:
     int32 device tensors, or None for none; ``cond``: the condition tensors (``cond_i``,
     ``cond_thr``, ``tok_pos``, ``slot_plen``, ``tok_cur``, ``tok_prev``, ``bitmaps``, ``out``,
-    ``req_mean``, ``latch_pos``, as ``ConditionState.cond_args``) to gate ROW entries, None for
-    unconditional ones. Mutates ``x`` and ``residual``.
+    ``req_mean``, ``latch_pos``, as ``ConditionState.cond_args``); ``gated``: whether the
+    (first) site's ROW entries are gated by them (default: ``cond`` given); ``second``:
+    ``(entries, row, pre, gated)`` of a second site at this norm, applied after the first, or
+    None. Mutates ``x`` and ``residual``.
 
     Raises:
         ValueError: ``x`` / ``residual`` of different shapes or dtypes, a last dim that is not
-        contiguous, or ``cond`` without ``row``."""
+        contiguous, gated writes without ``cond`` or without ``row``."""
     T, D = x.shape
     if residual.shape != x.shape or residual.dtype != x.dtype or weight.shape[0] != D:
         raise ValueError(f"add_rms_norm: x {tuple(x.shape)} {x.dtype}, residual {tuple(residual.shape)} "
                          f"{residual.dtype}, weight {tuple(weight.shape)}: need equal [T, D] and weight [D]")
     if x.stride(1) != 1 or residual.stride(1) != 1:
         raise ValueError("add_rms_norm: x and residual need a contiguous last dim")
-    if cond is not None and not row:
-        raise ValueError("add_rms_norm: conditional writes need the row semantics (row=True)")
+    gated = cond is not None if gated is None else gated
+    sites = [(entries, row, pre, gated)] + ([tuple(second)] if second is not None else [])
+    for ents, rw, pr, g in sites:
+        if g and (cond is None or not rw):
+            raise ValueError("add_rms_norm: conditional writes need the condition tensors (cond) and the row "
+                             "semantics (row=True)")
     if T == 0:
         return
-    n = 0 if entries is None else entries.shape[0]
-    e = entries if entries is not None else tok_slot
-    n_pre = 0 if pre is None else pre.shape[0]
     c = cond or {}
     bm, latch = c.get("bitmaps", kinds), c.get("latch_pos", tok_slot.view(1, -1))
     out, mean = c.get("out", coef), c.get("req_mean", coef)
+
+    def site_args(site):
+        ents, rw, pr, g = site
+        return ((ents if ents is not None else tok_slot), 0 if ents is None else ents.shape[0],
+                (pr if pr is not None else tok_slot), 0 if pr is None else pr.shape[0])
+
+    a = site_args(sites[0])
+    b = site_args(sites[1]) if len(sites) > 1 else (tok_slot, 0, tok_slot, 0)
     block = triton.next_power_of_2(D)
     _add_rms_norm_kernel[(T,)](x, x.stride(0), residual, residual.stride(0), weight, tok_slot, coef, coef.stride(0),
-                               e, kinds, values, vectors, vectors.stride(0), n, D, float(eps),
-                               pre if pre is not None else tok_slot, n_pre,
+                               kinds, values, vectors, vectors.stride(0), D, float(eps), *a, *b,
                                c.get("cond_i", kinds), c.get("cond_thr", values), c.get("tok_pos", tok_slot),
                                c.get("slot_plen", tok_slot), c.get("tok_cur", tok_slot), c.get("tok_prev", tok_slot),
                                bm, bm.shape[-1] if bm.dim() == 2 else 0, out, out.stride(0), mean, mean.stride(0),
                                latch, latch.stride(0),
-                               ROW=bool(row), HAS_PRE=n_pre > 0, HAS_COND=cond is not None,
+                               ROW=bool(row), HAS_PRE=a[3] > 0, HAS_COND=bool(gated),
+                               TWO=len(sites) > 1, ROW2=bool(len(sites) > 1 and sites[1][1]), HAS_PRE2=b[3] > 0,
+                               HAS_COND2=bool(len(sites) > 1 and sites[1][3]),
                                BLOCK_D=block, num_warps=8 if block >= 2048 else 4)
 
 
