@@ -55,23 +55,30 @@ if HAS_TRITON:
     from .cond_gate import cond_gate
 
     @triton.jit
+    def _adds(h, m, offs, slot, coef_ptr, stride_coef, vec_ptr, stride_vec, entries_ptr, n_entries,
+              BLOCK_D: tl.constexpr):
+        """Adds with the add kernel's semantics (kernels/steer_add.py): one float32 sum over the
+        entries on for this token, rounded once; ``h`` untouched when none is on."""
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        nz = tl.zeros([BLOCK_D], dtype=tl.int32)
+        for i in range(n_entries):
+            e = tl.load(entries_ptr + i).to(tl.int64)
+            c = tl.zeros([BLOCK_D], dtype=tl.float32) + tl.load(coef_ptr + slot * stride_coef + e)
+            on = c != 0.0
+            v = tl.load(vec_ptr + e * stride_vec + offs, mask=m & on, other=0.0)
+            acc += c * v
+            nz += on.to(tl.int32)
+        return tl.where(nz > 0, (h.to(tl.float32) + acc).to(h.dtype), h)
+
+    @triton.jit
     def _site_writes(h, x, m, offs, t, slot, coef_ptr, stride_coef, kinds_ptr, values_ptr, vec_ptr, stride_vec,
                      entries_ptr, n_entries, pre_ptr, n_pre,
                      cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr, tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V,
                      out_ptr, stride_out, mean_ptr, stride_mean, latch_ptr, stride_latch,
                      ROW: tl.constexpr, HAS_PRE: tl.constexpr, HAS_COND: tl.constexpr, BLOCK_D: tl.constexpr):
         """One site's writes on the row ``h`` (the other half of the stream: ``x``)."""
-        if HAS_PRE:  # the add kernel's semantics: one float32 sum, rounded once
-            acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-            nz = tl.zeros([BLOCK_D], dtype=tl.int32)
-            for i in range(n_pre):
-                e = tl.load(pre_ptr + i).to(tl.int64)
-                c = tl.zeros([BLOCK_D], dtype=tl.float32) + tl.load(coef_ptr + slot * stride_coef + e)
-                on = c != 0.0
-                v = tl.load(vec_ptr + e * stride_vec + offs, mask=m & on, other=0.0)
-                acc += c * v
-                nz += on.to(tl.int32)
-            h = tl.where(nz > 0, (h.to(tl.float32) + acc).to(h.dtype), h)
+        if HAS_PRE:
+            h = _adds(h, m, offs, slot, coef_ptr, stride_coef, vec_ptr, stride_vec, pre_ptr, n_pre, BLOCK_D)
         if ROW:
             for i in range(n_entries):
                 e = tl.load(entries_ptr + i).to(tl.int64)
@@ -89,16 +96,7 @@ if HAS_TRITON:
                         coeff = c * (tl.load(values_ptr + e) - tl.sum(s * v, axis=0))
                     h = (h.to(tl.float32) + coeff * v).to(h.dtype)
         else:
-            acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-            nz = tl.zeros([BLOCK_D], dtype=tl.int32)
-            for i in range(n_entries):
-                e = tl.load(entries_ptr + i).to(tl.int64)
-                c = tl.zeros([BLOCK_D], dtype=tl.float32) + tl.load(coef_ptr + slot * stride_coef + e)
-                on = c != 0.0
-                v = tl.load(vec_ptr + e * stride_vec + offs, mask=m & on, other=0.0)
-                acc += c * v
-                nz += on.to(tl.int32)
-            h = tl.where(nz > 0, (h.to(tl.float32) + acc).to(h.dtype), h)
+            h = _adds(h, m, offs, slot, coef_ptr, stride_coef, vec_ptr, stride_vec, entries_ptr, n_entries, BLOCK_D)
         return h
 
     @triton.jit(do_not_specialize=["n_entries", "n_pre", "n_entries2", "n_pre2"])
