@@ -251,3 +251,104 @@ def test_read_results_come_back_over_http(server, hf):
     x = hf.record(ids, [(2, "hook_resid_post")], app_deltas([{"name": "happy"}]))[(2, "hook_resid_post")]
     assert probe.shape == (len(ids),)
     np.testing.assert_allclose(probe, x.astype(np.float64) @ W + 0.5, rtol=1e-4, atol=1e-4)
+
+
+def _stream_of(chunks_per_output, n_prompt):
+    """A request's outputs as the front end gets them: each output's read chunks, then the
+    values a stream of those outputs carries (StreamDelta per output) and the final assembly."""
+    from vllm_xmix.results import ReadResults, StreamDelta
+
+    acc, d, sent = ReadResults(n_prompt), StreamDelta(), []
+    for chunks in chunks_per_output:
+        acc.add(chunks)
+        sent.append(d.take(acc, acc.n_chunks))
+    return acc, sent
+
+
+def test_streamed_values_concatenate_to_the_assembled_ones():
+    """Without a server: a probe over a chunked prompt with a recomputed position (a preempted
+    request's values arrive again), a probe at two layers, and captures of generated and last
+    positions; one output carrying two steps' chunks. The values each streamed chunk carries,
+    concatenated in order, are the assembled (non-streaming) values, position for position."""
+    P = 7
+
+    def ch(app, name, layer, positions, pos0, n, width=1):
+        """Values that depend on the read and the position only (a recomputed position gives the
+        same value again, as a preempted request's recomputation does)."""
+        seed = [ord(c) for c in app + name] + [layer]
+        vals = [np.random.default_rng(seed + [p]).standard_normal(width) for p in range(pos0, pos0 + n)]
+        return (app, name, layer, positions, pos0, n, width, np.array(vals, dtype=np.float32).tobytes())
+
+    outs = [
+        [ch("a", "p", 1, "probe", 0, 4), ch("b", "p", 1, "probe", 0, 4), ch("b", "p", 3, "probe", 0, 4)],
+        [ch("a", "p", 1, "probe", 4, 3), ch("b", "p", 1, "probe", 4, 3), ch("b", "p", 3, "probe", 4, 3),
+         ch("c", "g", 2, "generated", 4, 3, 2), ch("c", "l", 2, "last", 4, 3, 2)],
+        [ch("a", "p", 1, "probe", 7, 1), ch("a", "p", 1, "probe", 5, 3)],  # recomputed 5-7 (and 7 again)
+        [ch("a", "p", 1, "probe", 8, 1), ch("a", "p", 1, "probe", 9, 1), ch("c", "g", 2, "generated", 7, 3, 2)],
+    ]
+    acc, sent = _stream_of(outs, P)
+    final = acc.assemble()
+    got: dict = {}
+    for s in sent:
+        for app, reads in s.items():
+            for name, v in reads.items():
+                for layer, e in (v.items() if "pos0" not in v else [(None, v)]):
+                    vals = got.setdefault((app, name, layer), [])
+                    assert e["pos0"] == len(vals) + (0 if name == "p" else P - 1), (app, name, layer, e["pos0"])
+                    vals += e["values"]
+    np.testing.assert_array_equal(np.array(got[("a", "p", None)]), final["a"]["p"])
+    np.testing.assert_array_equal(np.array(got[("b", "p", "1")]), final["b"]["p"][1])
+    np.testing.assert_array_equal(np.array(got[("b", "p", "3")]), final["b"]["p"][3])
+    np.testing.assert_array_equal(np.array(got[("c", "g", None)]), final["c"]["g"])
+    np.testing.assert_array_equal(np.array(got[("c", "l", None)]), final["c"]["l"][None])
+    assert len(got[("a", "p", None)]) == 10  # 0..9: the recomputed positions were not sent twice
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat", "completion_usage"])
+def test_values_are_spliced_into_vllms_stream_chunks(kind):
+    """The values go into the streamed chunk's choice as if the chunk were parsed, given the
+    fields and serialized again: for vLLM's own completion and chat chunk models, a token text
+    that looks like the chunk's structure, the final chunk (``mi_results_complete``) and a usage
+    block; a chunk of two choices takes the whole round trip."""
+    from vllm.entrypoints.openai.chat_completion.protocol import (ChatCompletionResponseStreamChoice,
+                                                                  ChatCompletionStreamResponse, DeltaMessage)
+    from vllm.entrypoints.openai.completion.protocol import CompletionResponseStreamChoice, CompletionStreamResponse
+    from vllm.entrypoints.openai.engine.protocol import UsageInfo
+
+    from vllm_xmix._vllm_compat.openai_server import _with_reads
+    from vllm_xmix.results import to_json
+
+    text = ' }],"usage":{"x":[1]} "\\u00e9\n'
+    outs = [[("a", "p", 1, "probe", 0, 3, 1, np.arange(3, dtype=np.float32).tobytes())],
+            [("a", "p", 1, "probe", 3, 1, 1, np.array([7.5], np.float32).tobytes())]]
+    acc, _ = _stream_of([], 3)
+
+    def chunk(finish, n_choices=1):
+        if kind.startswith("completion"):
+            cs = [CompletionResponseStreamChoice(index=i, text=text, finish_reason=finish) for i in range(n_choices)]
+            r = CompletionStreamResponse(model="m", choices=cs, usage=UsageInfo(prompt_tokens=3, completion_tokens=1,
+                                                                                  total_tokens=4)
+                                         if kind == "completion_usage" else None)
+        else:
+            cs = [ChatCompletionResponseStreamChoice(index=i, delta=DeltaMessage(content=text), finish_reason=finish)
+                  for i in range(n_choices)]
+            r = ChatCompletionStreamResponse(model="m", choices=cs)
+        return f"data: {r.model_dump_json(exclude_unset=False)}\n\n"
+
+    deltas: dict = {}
+    for step, finish in zip(outs, (None, "length")):
+        acc.add(step)
+        c = chunk(finish)
+        got = _with_reads(c, acc.view(), deltas)
+        assert got.startswith("data: {") and got.endswith("}\n\n")
+        want = json.loads(c[len("data: "):])
+        pos0 = 0 if finish is None else 3
+        want["choices"][0]["mi_results"] = {"a": {"p": {"pos0": pos0, "values": [0.0, 1.0, 2.0] if pos0 == 0 else [7.5]}}}
+        if finish is not None:
+            want["choices"][0]["mi_results_complete"] = to_json(acc.assemble())
+            assert want["choices"][0]["mi_results_complete"] == {"a": {"p": [0.0, 1.0, 2.0, 7.5]}}
+        assert json.loads(got[len("data: "):]) == want
+    two = chunk(None, n_choices=2)
+    got = json.loads(_with_reads(two, acc.view(), {})[len("data: "):])
+    assert got["choices"][0]["mi_results"] == {"a": {"p": {"pos0": 0, "values": [0.0, 1.0, 2.0, 7.5]}}}
+    assert "mi_results" not in got["choices"][1]

@@ -31,6 +31,7 @@ the request finishes (streaming) the arrays cover the positions processed so far
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 
@@ -189,6 +190,8 @@ class StreamDelta:
         self._sent: dict[tuple, int] = {}  # (app, name, layer) -> next position to send
         self._seen: dict[tuple, int] = {}  # (app, name, layer) -> chunks of it already looked at
         self._triggers_sent: dict[str, int] = {}  # app -> trigger records already sent
+        self._layers: dict[tuple[str, str], int] = {}  # (app, name) -> layers it has (of _n_parts parts)
+        self._n_parts = 0
 
     def take(self, acc: ReadResults | None, upto: int | None = None) -> dict:
         """The values new since the last call, of the first ``upto`` chunks of ``acc`` (the
@@ -199,33 +202,45 @@ class StreamDelta:
             return out
         if acc._raw:
             acc._parse()
-        layers: dict[tuple[str, str], int] = {}
-        for app, name, _ in acc._parts:
-            layers[(app, name)] = layers.get((app, name), 0) + 1
+        parts = acc._parts
+        if len(parts) != self._n_parts:  # (a read's first values: count the layers of each read again)
+            layers: dict[tuple[str, str], int] = {}
+            for app, name, _ in parts:
+                layers[(app, name)] = layers.get((app, name), 0) + 1
+            self._layers, self._n_parts = layers, len(parts)
         P = acc.n_prompt
-        for key, (positions, width, chunks) in acc._parts.items():
-            i = self._seen.get(key, 0)
-            j = i
-            while j < len(chunks) and (upto is None or chunks[j][0] < upto):
+        for key, (positions, width, chunks) in parts.items():
+            i = j = self._seen.get(key, 0)
+            n = len(chunks)
+            while j < n and (upto is None or chunks[j][0] < upto):
                 j += 1
             if j == i:
                 continue
             self._seen[key] = j
             start = 0 if positions in ("all", "probe") else P - 1
             sent = self._sent.get(key, start)
-            end = P if positions == "last" else max(p0 + len(v) for _, p0, v in chunks[i:j])
-            if end <= sent:
-                continue  # (recomputed positions, already sent)
-            new = np.full((end - sent, width), np.nan, dtype=np.float32)
-            for _, p0, v in chunks[i:j]:
-                lo, hi = max(p0, sent), min(p0 + len(v), end)
-                if hi > lo:
-                    new[lo - sent:hi - sent] = v[lo - p0:hi - p0]
+            _, p0, v = chunks[i]
+            if j == i + 1:  # one new chunk (a step's values): no copy when it starts where the last ended
+                end = P if positions == "last" else p0 + len(v)
+                if end <= sent:
+                    continue  # (recomputed positions, already sent)
+                new = v[sent - p0:end - p0] if p0 <= sent and p0 + len(v) >= end else None
+            else:
+                end = P if positions == "last" else max(p0 + len(v) for _, p0, v in chunks[i:j])
+                if end <= sent:
+                    continue
+                new = None
+            if new is None:
+                new = np.full((end - sent, width), np.nan, dtype=np.float32)
+                for _, p0, v in chunks[i:j]:
+                    lo, hi = max(p0, sent), min(p0 + len(v), end)
+                    if hi > lo:
+                        new[lo - sent:hi - sent] = v[lo - p0:hi - p0]
             self._sent[key] = end
             app, name, layer = key
             entry = {"pos0": sent, "values": _json_values(new[:, 0] if positions == "probe" else new)}
             slot = out.setdefault(app, {})
-            if layers[(app, name)] == 1:
+            if self._layers[(app, name)] == 1:
                 slot[name] = entry
             else:
                 slot.setdefault(name, {})[str(layer)] = entry
@@ -239,9 +254,8 @@ class StreamDelta:
 
 def _json_values(a: np.ndarray) -> list:
     """Floats as a (nested) list, non-finite values as None."""
-    a = np.asarray(a, dtype=np.float64)
-    vals = a.tolist()
-    if np.isfinite(a).all():
+    vals = a.tolist()  # (float32 values become the Python floats of the same value)
+    if (all(map(math.isfinite, vals)) if a.ndim == 1 and len(vals) <= 64 else bool(np.isfinite(a).all())):
         return vals
 
     def clean(x):

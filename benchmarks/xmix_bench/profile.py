@@ -30,6 +30,8 @@ Actions:
   shaped like vLLM's: per app, the median host ms of ``update_requests`` + ``fill`` + read
   snapshot / transport for a mixed step (one new request of 220 prompt tokens beside 40 decoding
   ones) and for a decode step.
+* ``stream``: the front end's host time per streamed chunk of a request with a probe
+  (``stream.py``).
 * ``vs-plain``: whole engine steps against vLLM without the plugin, compiled (no CUDA graphs
   on a CPU), serving-like arrivals: a 32-layer Llama config (d_model 64, dummy weights), a new
   request of 16-400 prompt tokens every second step beside up to 32 decoding ones,
@@ -88,6 +90,11 @@ def add_arguments(p) -> None:
     r.add_argument("--fused-writes", choices=["auto", "none", "adds", "all", "norm"], default="auto",
                    help="the deployment's fused_writes (adds/all: fill() also writes the per-token fused coefficients)")
     r.add_argument("--steps", type=int, default=300, help="mixed + decode steps per app (the first 50 not counted)")
+    s = sub.add_parser("stream", help="the front end's host time per streamed chunk of a request with a probe")
+    s.add_argument("--prompt", type=int, default=256, help="prompt tokens (their values come with the first chunk)")
+    s.add_argument("--tokens", type=int, default=128, help="streamed chunks (tokens) per request")
+    s.add_argument("--repeats", type=int, default=20, help="streams measured (median of their means)")
+    s.add_argument("--json", help="write the result here")
     v = sub.add_parser("vs-plain", help="whole engine steps, compiled, serving-like arrivals: plugin vs plain vLLM")
     v.add_argument("--configs", default="inactive,steer_all,probe_one",
                    help="apps on per request (inactive: none), names of the benchmark deployment")
@@ -107,6 +114,15 @@ def main(args) -> int:
         return 0
     if args.action == "compare":
         print(compare(common.read_json(args.a), common.read_json(args.b), "A", "B"))
+        return 0
+    if args.action == "stream":
+        from .stream import stream_cost
+
+        r = stream_cost(args.prompt, args.tokens, args.repeats)
+        if args.json:
+            common.write_json(args.json, r)
+        print(f"front end, streamed chunk of a request with a probe: {r['us_per_chunk']:.1f} us per chunk "
+              f"(median of {len(r['runs'])} streams of {r['tokens']} chunks, prompt {r['prompt']})")
         return 0
     # CPU engines: in-process (cProfile sees the worker) and a small KV cache
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

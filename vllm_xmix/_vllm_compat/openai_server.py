@@ -79,9 +79,18 @@ def patch_openai_server() -> None:
          "chat_completion_stream_generator", lambda orig: wrap_stream(orig, 0))
 
 
+#: where the (single) choice of a streamed chunk ends in vLLM's serialization of its stream
+#: responses (the choices list is followed by ``usage``): a JSON string cannot contain this
+#: sequence (its quote would be escaped), and no choice has a ``usage`` key of its own
+_CHOICE_END = '}],"usage":'
+
+
 def _with_reads(chunk: str, view, deltas: dict) -> str:
     """A streamed ``data: {...}`` chunk with its choice's ``mi_results`` (and, with the finish
-    reason, ``mi_results_complete``)."""
+    reason, ``mi_results_complete``). The values are spliced into the chunk's text at the end of
+    its choice (the chunk is parsed, not serialized again: this runs for every streamed token of
+    every request with reads, on the server's event loop); a chunk of another shape is
+    serialized again whole."""
     try:
         data = json.loads(chunk[len("data: "):])
     except ValueError:
@@ -93,8 +102,13 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
     if (c.get("delta") or {}).get("role") is not None and c.get("finish_reason") is None:
         return chunk  # chat's opening chunk names the role and carries no token: values come with the tokens
     d = deltas.setdefault(c.get("index", 0), StreamDelta())
-    c["mi_results"] = d.take(view._acc, view._upto)
+    extra = {"mi_results": d.take(view._acc, view._upto)}
     if c.get("finish_reason") is not None:
         n_gen = view._n_generated
-        c["mi_results_complete"] = to_json(view._acc.assemble(n_generated=n_gen, upto=view._upto))
+        extra["mi_results_complete"] = to_json(view._acc.assemble(n_generated=n_gen, upto=view._upto))
+    at = chunk.find(_CHOICE_END)
+    if len(choices) == 1 and at > 0:
+        fields = json.dumps(extra, separators=(",", ":"))[1:-1]
+        return f"{chunk[:at]},{fields}{chunk[at:]}"
+    c.update(extra)
     return f"data: {json.dumps(data)}\n\n"

@@ -1,0 +1,55 @@
+"""profile stream: the front end's host time per streamed chunk of a request with a probe.
+
+The OpenAI server streams one ``data: {...}`` chunk per token; for a request with reads the
+plugin adds the chunk's ``mi_results`` (``_vllm_compat.openai_server._with_reads``: the values new
+in that chunk, ``results.StreamDelta``; the final chunk also ``mi_results_complete``). This runs
+on the server's event loop for every token of every such request, beside the engine's outputs
+of all the others, so its microseconds per chunk multiply by the tokens per second served.
+
+Measured without a server: vLLM's own completion stream chunks (``CompletionStreamResponse``),
+a request with one probe (``--prompt`` prompt values with the first token, then one value per
+token, as the engine core sends them), ``--tokens`` chunks; the median over ``--repeats``
+streams of the mean microseconds per chunk. Host CPU time of this machine: compare lines of one
+machine only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from . import common
+
+
+def stream_cost(prompt: int = 256, tokens: int = 128, repeats: int = 20) -> dict:
+    """``{"us_per_chunk": median, "runs": [...], ...}`` for streams of one probe's values."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionResponseStreamChoice, CompletionStreamResponse
+
+    from vllm_xmix._vllm_compat.openai_server import _with_reads
+    from vllm_xmix.results import ReadResults
+
+    rng = np.random.default_rng(0)
+
+    def one() -> float:
+        acc, deltas, spent = ReadResults(prompt), {}, 0.0
+        acc.add([("probe_one", "probe", 16, "probe", 0, prompt, 1, rng.random((prompt, 1), np.float32).tobytes())])
+        for i in range(tokens):
+            if i:
+                acc.add([("probe_one", "probe", 16, "probe", prompt + i - 1, 1, 1,
+                          rng.random((1, 1), np.float32).tobytes())])
+            ch = CompletionStreamResponse(id="cmpl-0", created=1, model="m", choices=[CompletionResponseStreamChoice(
+                index=0, text=" tok", finish_reason=None if i < tokens - 1 else "length")])
+            s = f"data: {ch.model_dump_json(exclude_unset=False)}\n\n"
+            view = acc.view(None)
+            t0 = time.perf_counter()
+            _with_reads(s, view, deltas)
+            spent += time.perf_counter() - t0
+        return spent / tokens * 1e6
+
+    for _ in range(3):  # warm-up
+        one()
+    runs = [round(one(), 2) for _ in range(repeats)]
+    return {"us_per_chunk": statistics.median(runs), "runs": runs, "prompt": prompt, "tokens": tokens,
+            "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
