@@ -313,7 +313,10 @@ def test_values_are_spliced_into_vllms_stream_chunks(kind):
     from vllm.entrypoints.openai.chat_completion.protocol import (ChatCompletionResponseStreamChoice,
                                                                   ChatCompletionStreamResponse, DeltaMessage)
     from vllm.entrypoints.openai.completion.protocol import CompletionResponseStreamChoice, CompletionStreamResponse
-    from vllm.entrypoints.openai.engine.protocol import UsageInfo
+    try:
+        from vllm.entrypoints.openai.engine.protocol import UsageInfo
+    except ImportError:  # vLLM 0.32
+        from vllm.entrypoints.serve.engine.protocol import UsageInfo
 
     from vllm_xmix._vllm_compat.openai_server import _with_reads
     from vllm_xmix.results import to_json
