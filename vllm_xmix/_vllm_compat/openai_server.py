@@ -83,6 +83,7 @@ def patch_openai_server() -> None:
 #: responses (the choices list is followed by ``usage``): a JSON string cannot contain this
 #: sequence (its quote would be escaped), and no choice has a ``usage`` key of its own
 _CHOICE_END = '}],"usage":'
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def _with_reads(chunk: str, view, deltas: dict) -> str:
@@ -108,7 +109,7 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
         extra["mi_results_complete"] = to_json(view._acc.assemble(n_generated=n_gen, upto=view._upto))
     at = chunk.find(_CHOICE_END)
     if len(choices) == 1 and at > 0:
-        fields = json.dumps(extra, separators=(",", ":"))[1:-1]
+        fields = _COMPACT.encode(extra)[1:-1]
         return f"{chunk[:at]},{fields}{chunk[at:]}"
     c.update(extra)
     return f"data: {json.dumps(data)}\n\n"
