@@ -566,23 +566,32 @@ def test_replaced_cast_threshold_goes_into_the_spare_copy_with_its_own_condition
     assert lay.read_info[lay.version_entries[("p", 1)][0]][4:] == ("p", "probe", 1)
 
 
-def test_norm_hosts_find_their_sites_from_the_weight():
-    """``fused_writes="norm"``: the hook op of a hosting norm finds its sites from the norm's
-    weight (no per-layer constant in the compiled graph); a parameter replaced after install is
-    found again; a weight no hosting norm has, or two hosting norms sharing one weight, raise."""
-    from vllm_xmix.runtime.norm_hosts import NormHosts
+def test_site_keys_find_the_sites_of_a_hook_op_call():
+    """The hook ops find their sites from a tensor of the hooked module (a hosting norm's weight,
+    a key buffer), not from integer arguments (no per-layer constant in the compiled graph); a
+    tensor replaced after install is found again; a tensor no hooked module has, or two modules
+    sharing one key tensor, raise."""
+    from vllm_xmix.runtime.site_keys import SiteKeys, key_buffer
 
     norms = [torch.nn.Module() for _ in range(3)]
     for m in norms:
         m.weight = torch.nn.Parameter(torch.ones(8))
-    hosts = NormHosts()
+    keys = SiteKeys()
     for i, m in enumerate(norms):
-        hosts.add(m, (2 * i, 2 * i + 1 if i else -1))
-    assert [hosts.sites_of(m.weight.data) for m in norms] == [(0, -1), (2, 3), (4, 5)]
+        keys.add(m, "weight", (2 * i, 2 * i + 1 if i else -1))
+    mlp = torch.nn.Linear(2, 2)
+    attr = key_buffer(mlp, "hook_mlp_out")
+    assert key_buffer(mlp, "hook_mlp_out") == attr and getattr(mlp, attr).numel() == 1
+    assert attr not in mlp.state_dict()  # not a checkpoint tensor
+    keys.add(mlp, attr, (7,))
+    assert [keys.sites_of(m.weight.data) for m in norms] == [(0, -1), (2, 3), (4, 5)]
+    assert keys.sites_of(getattr(mlp, attr)) == (7,)
     norms[1].weight = torch.nn.Parameter(torch.zeros(8))  # replaced: looked up again
-    assert hosts.sites_of(norms[1].weight.data) == (2, 3)
-    with pytest.raises(RuntimeError, match="no hosting norm"):
-        hosts.sites_of(torch.ones(8))
+    assert keys.sites_of(norms[1].weight.data) == (2, 3)
+    mlp.to(torch.float64)  # buffers follow the module: still found
+    assert keys.sites_of(getattr(mlp, attr)) == (7,)
+    with pytest.raises(RuntimeError, match="no hooked module has"):
+        keys.sites_of(torch.ones(8))
     norms[2].weight = norms[0].weight
-    with pytest.raises(RuntimeError, match="share one weight"):
-        hosts.sites_of(torch.ones(8))
+    with pytest.raises(RuntimeError, match="share one key tensor"):
+        keys.sites_of(torch.ones(8))

@@ -39,15 +39,18 @@ def _state():
     return st
 
 
-def hook_write_(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: int) -> None:
+def hook_write_(h: torch.Tensor, other: torch.Tensor | None, key: torch.Tensor, fused: int) -> None:
     """``h`` [T, d_model]: the tensor the write lands on (mutated); ``other`` [T, d_model] or
     None: the other half of the residual stream (the hook's value is ``h + other``), read by
-    projection writes only; ``site``: index of the (layer, hook) site in the model's state;
-    ``fused``: 0, or the fingerprint (``runtime.layout.fused_id``) of the site's unconditional writes
-    (``DeviceLayout.site_fused``) that torch ops in the compiled graph already applied
-    (``adapters._residual``), so only the rest is applied here; a fingerprint other than the
-    runtime's raises ``RuntimeError`` (a stale compile cache)."""
+    projection writes only; ``key``: the hooked module's key buffer of the site (one element;
+    the op looks the (layer, hook) site up from it, ``runtime.site_keys.SiteKeys``, so that no
+    per-layer constant enters the compiled graph); ``fused``: 0, or the fingerprint
+    (``runtime.layout.fused_id``) of the site's unconditional writes (``DeviceLayout.site_fused``)
+    that torch ops in the compiled graph already applied (``adapters._residual``), so only the
+    rest is applied here; a fingerprint other than the runtime's raises ``RuntimeError`` (a stale
+    compile cache), as does a key no hooked module has."""
     st = _state()
+    site = st.site_keys.sites_of(key)[0]
     st.calls[site] += 1  # host-side: counts eager calls, compiled calls and graph captures
     if st.replicas.on:  # the first dummy forward under tensor parallelism (runtime/replicas.py)
         st.replicas.record(site, h, other)
@@ -97,7 +100,7 @@ def _reads(st, h: torch.Tensor, other: torch.Tensor | None, plan) -> None:
 
 def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """The hook op of the residual-stream sites (``site_a`` then ``site_b``, looked up from the
-    norm's ``weight``: ``runtime.norm_hosts.NormHosts``, so that no per-layer constant enters the
+    norm's ``weight``: ``runtime.site_keys.SiteKeys``, so that no per-layer constant enters the
     compiled graph) that lie
     just before one of vLLM's fused residual add + RMSNorm calls, which it replaces (deployment
     ``fused_writes="norm"``, :mod:`.kernels.add_rms_norm`): ``x`` [T, d_model] the norm's input
@@ -111,10 +114,10 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     site as :func:`hook_write_` (on ``residual``, ``other`` = ``x``), then vLLM's norm.
 
     Raises:
-        RuntimeError: ``weight`` is no hosting norm's (see ``NormHosts.sites_of``)."""
+        RuntimeError: ``weight`` is no hosting norm's (see ``SiteKeys.sites_of``)."""
     st = _state()
     plans = []
-    for s in st.norm_hosts.sites_of(weight):
+    for s in st.site_keys.sites_of(weight):
         if s >= 0:
             st.calls[s] += 1
             if st.replicas.on:
@@ -155,7 +158,7 @@ def hook_norm_fake(x, residual, weight, eps) -> None:
     return None
 
 
-def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, site: int, fused: int) -> None:
+def hook_write_fake(h: torch.Tensor, other: torch.Tensor | None, key: torch.Tensor, fused: int) -> None:
     return None
 
 

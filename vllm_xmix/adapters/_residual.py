@@ -48,6 +48,7 @@ import torch
 
 from ..kernels.row_write import ADD, PROJ
 from ..runtime.layout import MODULE_BUFFERS
+from ..runtime.site_keys import key_buffer
 
 
 def _fused_writes(module: torch.nn.Module, t: torch.Tensor, other: torch.Tensor | None,
@@ -95,10 +96,12 @@ def _freezing() -> bool:
     return bool(getattr(config, "freezing", False))
 
 
-def _write(module, t: torch.Tensor, other: torch.Tensor | None, site: int,
+def _write(module, t: torch.Tensor, other: torch.Tensor | None, key: str,
            fused: tuple[tuple[tuple[int, int, float, int], ...], int]) -> torch.Tensor:
-    """``t``: the tensor the write lands on; ``other``: the rest of the hook's value (or None).
-    Returns the written tensor (a new one when the fused writes ran, else ``t`` mutated)."""
+    """``t``: the tensor the write lands on; ``other``: the rest of the hook's value (or None);
+    ``key``: the module's key buffer of this site (``runtime.site_keys``: the op finds the site
+    from it, so no per-layer constant enters the compiled graph). Returns the written tensor (a
+    new one when the fused writes ran, else ``t`` mutated)."""
     # Inductor freezing (CPU max_autotune sets it while Dynamo traces) would inline the buffers'
     # contents at compile time (all zero) as constants: then the op applies every entry itself
     spec, fid = fused  # the site's fused writes and their fingerprint (runtime.fused_id)
@@ -106,20 +109,20 @@ def _write(module, t: torch.Tensor, other: torch.Tensor | None, site: int,
     if compiled:
         t = _fused_writes(module, t, other, spec)
     # the op learns which fused writes this graph applied (0: none) and checks them (GraphVariants.site_plan)
-    torch.ops.vllm_xmix.hook_write_(t, other, site, fid if compiled else 0)
+    torch.ops.vllm_xmix.hook_write_(t, other, getattr(module, key), fid if compiled else 0)
     return t
 
 
-def _resid_pre(site: int, fused, module, args, kwargs, *, where: tuple[int, int]):
+def _resid_pre(key: str, fused, module, args, kwargs, *, where: tuple[int, int]):
     """Pre-hook of a :data:`.base.PAIR` layer: ``where`` = positions of ``hidden_states`` and
     ``residual`` in its ``forward``."""
     hi, ri = where
     hidden_states = args[hi] if len(args) > hi else kwargs["hidden_states"]
     residual = args[ri] if len(args) > ri else kwargs.get("residual")
     if residual is None:  # layer 0: the stream is the embeddings
-        new, i, key = _write(module, hidden_states, None, site, fused), hi, "hidden_states"
+        new, i, key = _write(module, hidden_states, None, key, fused), hi, "hidden_states"
     else:
-        new, i, key = _write(module, residual, hidden_states, site, fused), ri, "residual"
+        new, i, key = _write(module, residual, hidden_states, key, fused), ri, "residual"
     if len(args) > i:
         args = args[:i] + (new,) + args[i + 1:]
     else:
@@ -127,39 +130,39 @@ def _resid_pre(site: int, fused, module, args, kwargs, *, where: tuple[int, int]
     return args, kwargs
 
 
-def _single_pre(site: int, fused, module, args, kwargs, *, where: tuple[int, int]):
+def _single_pre(key: str, fused, module, args, kwargs, *, where: tuple[int, int]):
     """Pre-hook of a :data:`.base.SINGLE` layer: its ``hidden_states`` argument is the stream."""
     hi = where[0]
     if len(args) > hi:
-        return args[:hi] + (_write(module, args[hi], None, site, fused),) + args[hi + 1:], kwargs
-    return args, {**kwargs, "hidden_states": _write(module, kwargs["hidden_states"], None, site, fused)}
+        return args[:hi] + (_write(module, args[hi], None, key, fused),) + args[hi + 1:], kwargs
+    return args, {**kwargs, "hidden_states": _write(module, kwargs["hidden_states"], None, key, fused)}
 
 
-def _single_mid(site: int, fused, module, args):
+def _single_mid(key: str, fused, module, args):
     """Pre-hook on the first module after a :data:`.base.SINGLE` layer's attention addition: its
     input is also the layer's residual, so the write lands in place (a fused write is copied
     back)."""
     x = args[0]
-    new = _write(module, x, None, site, fused)
+    new = _write(module, x, None, key, fused)
     if new is not x:
         x.copy_(new)
     return None
 
 
-def _component_out(site: int, fused, module, args, output):
-    return _write(module, output, None, site, fused)
+def _component_out(key: str, fused, module, args, output):
+    return _write(module, output, None, key, fused)
 
 
-def _resid_mid(site: int, fused, module, args):
+def _resid_mid(key: str, fused, module, args):
     # post_attention_layernorm(hidden_states=attn_out, residual=resid_pre)
-    return (args[0], _write(module, args[1], args[0], site, fused)) + tuple(args[2:])
+    return (args[0], _write(module, args[1], args[0], key, fused)) + tuple(args[2:])
 
 
-def _resid_post(site: int, fused, module, args, output):
+def _resid_post(key: str, fused, module, args, output):
     if isinstance(output, torch.Tensor):  # a SINGLE layer returns the stream
-        return _write(module, output, None, site, fused)
+        return _write(module, output, None, key, fused)
     hidden_states, residual = output
-    return hidden_states, _write(module, residual, hidden_states, site, fused)
+    return hidden_states, _write(module, residual, hidden_states, key, fused)
 
 
 def _register_buffers(module: torch.nn.Module, state) -> None:
@@ -182,7 +185,7 @@ def fusable_norm(module) -> bool:
 def _norm_forward(norm, x: torch.Tensor, residual: torch.Tensor | None = None):
     if residual is None:  # the first layer's input norm has no residual; no site is placed there
         raise RuntimeError("vllm_xmix: a norm hosting hook sites was called without a residual")
-    # no site constants in the graph: the op finds the sites from the weight (runtime/norm_hosts.py),
+    # no site constants in the graph: the op finds the sites from the weight (runtime/site_keys.py),
     # so identically hooked layers compile to isomorphic pieces that vLLM compiles once
     torch.ops.vllm_xmix.hook_norm_(x, residual, norm.weight.data, norm.variance_epsilon)
     return x, residual
@@ -193,7 +196,7 @@ def _install_norm(norm: torch.nn.Module, state, site_a: int | None, site_b: int 
     ``forward(x, residual)`` becomes ``ops.hook_norm_`` (the sites' writes, vLLM's add + RMSNorm)."""
     sites = (-1 if site_a is None else site_a, -1 if site_b is None else site_b)
     norm.forward = functools.partial(_norm_forward, norm)
-    state.norm_hosts.add(norm, sites)
+    state.site_keys.add(norm, "weight", sites)
     state.installed.update(s for s in sites if s >= 0)
 
 
@@ -239,7 +242,9 @@ def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, ad) ->
     elif at_norm and layer_idx >= 1:  # the previous layer left its resid_post to this norm, which cannot host it
         a = state.site_id(layer_idx - 1, "hook_resid_post")
         if a is not None and a not in state.installed:
-            layer.register_forward_pre_hook(functools.partial(pre_fn, a, ((), 0)), with_kwargs=True)
+            key = key_buffer(layer, "hook_resid_post_prev")
+            state.site_keys.add(layer, key, (a,))
+            layer.register_forward_pre_hook(functools.partial(pre_fn, key, ((), 0)), with_kwargs=True)
             state.installed.add(a)
     if n2_ok:
         m = state.site_id(layer_idx, "hook_resid_mid")
@@ -255,7 +260,9 @@ def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, ad) ->
         fused = (state.site_fused_spec[s], state.site_fused_id[s])
         if fused[0]:
             _register_buffers(module, state)
-        f = functools.partial(fn, s, fused)
+        key = key_buffer(module, name)
+        state.site_keys.add(module, key, (s,))
+        f = functools.partial(fn, key, fused)
         if pre:
             module.register_forward_pre_hook(f, with_kwargs=with_kwargs)
         else:
@@ -269,9 +276,9 @@ def install_residual_hooks(layer: torch.nn.Module, state, layer_idx: int, ad) ->
     hook("hook_resid_post", layer, _resid_post, pre=False)
 
 
-def _router_hook(site: int, module, args, output):
+def _router_hook(key: str, module, args, output):
     logits = output[0] if isinstance(output, tuple) else output
-    torch.ops.vllm_xmix.hook_write_(logits, None, site, 0)
+    torch.ops.vllm_xmix.hook_write_(logits, None, getattr(module, key), 0)
     return output
 
 
@@ -286,7 +293,9 @@ def install_router_hook(layer: torch.nn.Module, state, layer_idx: int, path: str
     site = state.site_id(layer_idx, ROUTER_HOOK)
     gate = submodule(layer, path)
     if site is not None and gate is not None:
-        gate.register_forward_hook(functools.partial(_router_hook, site))
+        key = key_buffer(gate, ROUTER_HOOK)
+        state.site_keys.add(gate, key, (site,))
+        gate.register_forward_hook(functools.partial(_router_hook, key))
         state.installed.add(site)
 
 

@@ -46,7 +46,7 @@ MODULE_BUFFERS = ("tok_fc", "vectors")
 #: identity of what the lowering and the hooks put into the compiled graph, stamped into the
 #: deployment (part of vLLM's config hash, hence of the torch.compile cache key): bump it with any
 #: change to that
-RUNTIME_ID = "vllm-xmix 0.7.2"
+RUNTIME_ID = "vllm-xmix 0.7.3"
 #: largest total of the buffers that grow with the engine's limits (see :func:`buffer_bytes`);
 #: captures of many layers at ``max_num_batched_tokens`` rows are the usual way to hit it
 MAX_READ_BUFFER_BYTES = 4 << 30

@@ -15,7 +15,7 @@ import torch
 from ..hf_config import n_experts, text_config
 from ..spec import CONFIG_KEY, DeploymentConfig, parse_deployment
 from .layout import MODULE_BUFFERS, DeviceLayout
-from .norm_hosts import NormHosts
+from .site_keys import SiteKeys
 from .reads import ReadTransport
 from .replicas import ReplicaCheck
 from .slots import SlotRegistry
@@ -134,7 +134,7 @@ class XmixState:
         self.step = StepFill(layout, self.slots, self.variants, self.reads)
         self.updates = AppUpdates(layout, self.slots)
         self.installed: set[int] = set()  # sites whose hook the adapter installed
-        self.norm_hosts = NormHosts()  # norms hosting sites (fused_writes="norm"): the op's site lookup
+        self.site_keys = SiteKeys()  # the hook ops' site lookup (runtime/site_keys.py)
         self.calls = [0] * len(layout.sites)  # hook-op calls per site (eager, compiled, captures)
         self.token_hook_calls = 0
         self.token_hook_installed = False

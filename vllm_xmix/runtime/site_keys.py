@@ -1,0 +1,72 @@
+"""Which hook sites a hook op call carries, looked up from a tensor the call passes.
+
+A hook op (``ops.hook_write_``, ``ops.hook_norm_``) does not take its site indices as integer
+arguments: integer constants would make every layer's piece of vLLM's piecewise graph differ,
+and vLLM compiles isomorphic pieces once (``CompilerManager.compile``: pieces with the same
+structure share one Inductor artifact). Instead each call passes a tensor of its module: the
+hosting norm's ``weight`` (``fused_writes="norm"``) or a one-element key buffer the adapter
+registers on the hooked module (``xmix_key_<hook>``). Buffers and parameters are inputs of the
+compiled graph, so identically hooked layers compile to isomorphic pieces, and torch.compile at
+engine start costs what it costs plain vLLM instead of one Inductor compile per layer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def key_buffer(module: torch.nn.Module, name: str) -> str:
+    """Register a one-element key buffer ``xmix_key_<name>`` on ``module`` (non-persistent, on
+    the device modules are built on) and return its attribute name."""
+    attr = f"xmix_key_{name.replace('.', '_')}"
+    if not hasattr(module, attr):
+        module.register_buffer(attr, torch.zeros(1, dtype=torch.int8), persistent=False)
+    return attr
+
+
+class SiteKeys:
+    """Modules' key tensors and the sites they stand for: ``add`` at install time, ``sites_of``
+    in the hook ops."""
+
+    def __init__(self) -> None:
+        self._keys: list[tuple[torch.nn.Module, str, tuple[int, ...]]] = []
+        self._by_ptr: dict[int, tuple[int, ...]] = {}
+
+    def add(self, module: torch.nn.Module, attr: str, sites: tuple[int, ...]) -> None:
+        """Record that calls passing ``getattr(module, attr)`` (a tensor) carry ``sites`` (site
+        indices in the order they apply, -1 for none)."""
+        self._keys.append((module, attr, tuple(sites)))
+        self._by_ptr = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def sites_of(self, key: torch.Tensor) -> tuple[int, ...]:
+        """The sites of the module whose key tensor is ``key`` (the tensor the hook op received:
+        the parameter's or buffer's storage).
+
+        Raises:
+            RuntimeError: no hooked module has this key (a key tensor replaced after the hooks
+            were installed and then not found again), or two hooked modules share one key tensor
+            (tied norm weights cannot tell their sites apart)."""
+        sites = self._by_ptr.get(key.data_ptr())
+        if sites is None:
+            self._rebuild()  # a parameter replaced or moved after install: look the modules up again
+            sites = self._by_ptr.get(key.data_ptr())
+            if sites is None:
+                raise RuntimeError(
+                    "vllm_xmix: a hook op was called with a key tensor that no hooked module has "
+                    f"({len(self._keys)} keys): a module's parameter or key buffer was replaced outside vLLM's "
+                    "weight loading; restart the engine")
+        return sites
+
+    def _rebuild(self) -> None:
+        by_ptr: dict[int, tuple[int, ...]] = {}
+        for module, attr, sites in self._keys:
+            p = getattr(module, attr).data_ptr()
+            if p in by_ptr and by_ptr[p] != sites:
+                raise RuntimeError(
+                    f"vllm_xmix: two hooked modules share one key tensor ({attr}; sites {by_ptr[p]} and {sites}): "
+                    "tied norm weights cannot host sites; set fused_writes='none' for this model")
+            by_ptr[p] = sites
+        self._by_ptr = by_ptr
