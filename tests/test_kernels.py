@@ -787,6 +787,21 @@ def _norm_cond_triton_check(device: str) -> None:
                                 second=(dev(entries, torch.int32), True, dev(pre, torch.int32), True))
             torch.testing.assert_close(gr, wr, **tol)
             torch.testing.assert_close(gx, wx, **tol)
+            # each site's writes alone, then the norm alone (ops.hook_norm_ when the first site
+            # has reads): bit for bit the one-kernel result, x untouched until the norm
+            sx, sr = x[:T].clone(), r[:T].clone()
+            for ents, rw, pr, g in ((ents_a, row_a, None, False), (entries, True, pre, True)):
+                add_rms_norm_triton(sx, sr, w, 1e-5, st["tok_slot"], coef, dev(ents, torch.int32),
+                                    dev(kinds, torch.int32), dev(values, torch.float32), vec, rw, cond=cond,
+                                    gated=g, pre=dev(pr, torch.int32) if pr else None, norm=False)
+                assert torch.equal(sx, x[:T])
+            wx2, wr2 = x[:T].clone(), r[:T].clone()
+            add_rms_norm_reference(wx2, wr2, w, 1e-5, st["tok_slot"], coef, ents_a, kinds, values, vec, row_a,
+                                   second=(entries, True, pre, gates), norm=False)
+            torch.testing.assert_close(sr, wr2, **tol)
+            add_rms_norm_triton(sx, sr, w, 1e-5, st["tok_slot"], coef, None, dev(kinds, torch.int32),
+                                dev(values, torch.float32), vec, False)
+            assert torch.equal(sr, gr) and torch.equal(sx, gx)
             # the order matters: the second site's projections see the first site's writes
             ox, orr = x[:T].clone(), r[:T].clone()
             add_rms_norm_reference(ox, orr, w, 1e-5, st["tok_slot"], coef, entries, kinds, values, vec, True,

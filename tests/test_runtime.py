@@ -569,8 +569,9 @@ def test_replaced_cast_threshold_goes_into_the_spare_copy_with_its_own_condition
 def test_site_keys_find_the_sites_of_a_hook_op_call():
     """The hook ops find their sites from a tensor of the hooked module (a hosting norm's weight,
     a key buffer), not from integer arguments (no per-layer constant in the compiled graph); a
-    tensor replaced after install is found again; a tensor no hooked module has, or two modules
-    sharing one key tensor, raise."""
+    tensor replaced after install is found again, and memory that another module's tensor had
+    is not taken for that module's; a tensor no hooked module has, or two modules sharing one
+    key tensor, raise."""
     from vllm_xmix.runtime.site_keys import SiteKeys, key_buffer
 
     norms = [torch.nn.Module() for _ in range(3)]
@@ -588,8 +589,17 @@ def test_site_keys_find_the_sites_of_a_hook_op_call():
     assert keys.sites_of(getattr(mlp, attr)) == (7,)
     norms[1].weight = torch.nn.Parameter(torch.zeros(8))  # replaced: looked up again
     assert keys.sites_of(norms[1].weight.data) == (2, 3)
-    mlp.to(torch.float64)  # buffers follow the module: still found
-    assert keys.sites_of(getattr(mlp, attr)) == (7,)
+    # a tensor at the address another module's key had: a hit only while that module still owns it
+    a, b = torch.nn.Module(), torch.nn.Module()
+    a.k, b.k = torch.zeros(4), torch.zeros(4)
+    keys2 = SiteKeys()
+    keys2.add(a, "k", (1,))
+    keys2.add(b, "k", (2,))
+    assert keys2.sites_of(a.k) == (1,) and keys2.sites_of(b.k) == (2,)
+    old_a = a.k
+    a.k = torch.zeros(4)  # a's key moves; b takes over the storage a had
+    b.k = old_a
+    assert keys2.sites_of(b.k) == (2,) and keys2.sites_of(a.k) == (1,)
     with pytest.raises(RuntimeError, match="no hooked module has"):
         keys.sites_of(torch.ones(8))
     norms[2].weight = norms[0].weight

@@ -304,7 +304,8 @@ def test_streamed_values_concatenate_to_the_assembled_ones():
     assert len(got[("a", "p", None)]) == 10  # 0..9: the recomputed positions were not sent twice
 
 
-@pytest.mark.parametrize("kind", ["completion", "chat", "completion_usage"])
+@pytest.mark.parametrize("kind", ["completion", "chat", "completion_usage", "completion_all_fields",
+                                  "chat_all_fields"])
 def test_values_are_spliced_into_vllms_stream_chunks(kind):
     """The values go into the streamed chunk's choice as if the chunk were parsed, given the
     fields and serialized again: for vLLM's own completion and chat chunk models, a token text
@@ -336,7 +337,8 @@ def test_values_are_spliced_into_vllms_stream_chunks(kind):
             cs = [ChatCompletionResponseStreamChoice(index=i, delta=DeltaMessage(content=text), finish_reason=finish)
                   for i in range(n_choices)]
             r = ChatCompletionStreamResponse(model="m", choices=cs)
-        return f"data: {r.model_dump_json(exclude_unset=False)}\n\n"
+        # vLLM serializes its stream chunks with exclude_unset=True (usage only when set)
+        return f"data: {r.model_dump_json(exclude_unset=not kind.endswith('all_fields'))}\n\n"
 
     deltas: dict = {}
     for step, finish in zip(outs, (None, "length")):
@@ -344,6 +346,7 @@ def test_values_are_spliced_into_vllms_stream_chunks(kind):
         c = chunk(finish)
         got = _with_reads(c, acc.view(), deltas)
         assert got.startswith("data: {") and got.endswith("}\n\n")
+        assert got.startswith(c[:c.index('"choices"')])  # spliced into vLLM's text, not serialized again
         want = json.loads(c[len("data: "):])
         pos0 = 0 if finish is None else 3
         want["choices"][0]["mi_results"] = {"a": {"p": {"pos0": pos0, "values": [0.0, 1.0, 2.0] if pos0 == 0 else [7.5]}}}

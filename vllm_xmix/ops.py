@@ -110,8 +110,12 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     on: vLLM's kernel (``torch.ops._C.fused_add_rms_norm`` on CUDA, the native IR op elsewhere).
     Sites on (on CUDA): one kernel applies their writes in order, conditional ones included (the
     gates evaluated inline), and the norm (``add_rms_norm_triton``), then the reads of the last
-    site on (on the stream, ``residual``). The first of two sites with reads, or no Triton: each
-    site as :func:`hook_write_` (on ``residual``, ``other`` = ``x``), then vLLM's norm.
+    site on (on the stream as the kernel rounded it, ``residual``); when the first of two sites
+    has reads, the same kernel applies each site's writes alone, each site's reads see the
+    stream rounded the same way, then the kernel applies the norm alone (the same arithmetic
+    either way: a request's values do not depend on which other apps' sites are on). Without
+    Triton: each site as :func:`hook_write_` (on ``residual``, ``other`` = ``x``), then vLLM's
+    norm.
 
     Raises:
         RuntimeError: ``weight`` is no hosting norm's (see ``SiteKeys.sites_of``)."""
@@ -125,16 +129,26 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
             p = st.variants.site_plan(s, 0)
             if p is not None:
                 plans.append((s, p))
-    # one kernel for the writes and the norm, unless the first of two sites has reads (they must
-    # see the stream between the two sites' writes)
-    if plans and x.is_cuda and HAS_TRITON and (len(plans) == 1 or plans[0][1].reads is None):
+    if plans and x.is_cuda and HAS_TRITON:
         lay = st.layout
-        p, q = plans[0][1], (plans[1][1] if len(plans) > 1 else None)
-        cond = lay.conditions.cond_args if (p.has_cond or (q is not None and q.has_cond)) else None
-        add_rms_norm_triton(x, residual, weight, eps, lay.tok_slot, lay.coef, p.writes, lay.kinds, lay.values,
-                            lay.vectors, p.row, pre=p.pre, cond=cond, gated=p.has_cond,
-                            second=None if q is None else (q.writes, q.row, q.pre, q.has_cond))
-        _reads(st, residual, None, q or p)
+        cond = lay.conditions.cond_args if any(p.has_cond for _, p in plans) else None
+        if len(plans) == 1 or plans[0][1].reads is None:  # one kernel: the sites' writes, then the norm
+            p, q = plans[0][1], (plans[1][1] if len(plans) > 1 else None)
+            add_rms_norm_triton(x, residual, weight, eps, lay.tok_slot, lay.coef, p.writes, lay.kinds, lay.values,
+                                lay.vectors, p.row, pre=p.pre, cond=cond, gated=p.has_cond,
+                                second=None if q is None else (q.writes, q.row, q.pre, q.has_cond))
+            _reads(st, residual, None, q or p)  # on the stream as the kernel rounded it
+            return
+        # the first site's reads see the stream between the two sites' writes: the same kernel
+        # applies each site's writes alone, the reads see the stream rounded as the kernel rounds
+        # it, then the norm alone; so a site's values do not depend on which other sites are on
+        for _, p in plans:
+            add_rms_norm_triton(x, residual, weight, eps, lay.tok_slot, lay.coef, p.writes, lay.kinds, lay.values,
+                                lay.vectors, p.row, pre=p.pre, cond=cond, gated=p.has_cond, norm=False)
+            if p.reads is not None:
+                _reads(st, residual + x, None, p)
+        add_rms_norm_triton(x, residual, weight, eps, lay.tok_slot, lay.coef, None, lay.kinds, lay.values,
+                            lay.vectors, False)
         return
     for s, p in plans:
         _apply_plan(st, residual, x, s, p)

@@ -6,7 +6,8 @@ in that chunk, ``results.StreamDelta``; the final chunk also ``mi_results_comple
 on the server's event loop for every token of every such request, beside the engine's outputs
 of all the others, so its microseconds per chunk multiply by the tokens per second served.
 
-Measured without a server: vLLM's own completion stream chunks (``CompletionStreamResponse``),
+Measured without a server: vLLM's own completion stream chunks (``CompletionStreamResponse``,
+serialized as vLLM's server does, ``exclude_unset=True``),
 a request with one probe (``--prompt`` prompt values with the first token, then one value per
 token, as the engine core sends them), ``--tokens`` chunks; the median over ``--repeats``
 streams of the mean microseconds per chunk. Host CPU time of this machine: compare lines of one
@@ -41,7 +42,7 @@ def stream_cost(prompt: int = 256, tokens: int = 128, repeats: int = 20) -> dict
                           rng.random((1, 1), np.float32).tobytes())])
             ch = CompletionStreamResponse(id="cmpl-0", created=1, model="m", choices=[CompletionResponseStreamChoice(
                 index=0, text=" tok", finish_reason=None if i < tokens - 1 else "length")])
-            s = f"data: {ch.model_dump_json(exclude_unset=False)}\n\n"
+            s = f"data: {ch.model_dump_json(exclude_unset=True)}\n\n"
             view = acc.view(None)
             t0 = time.perf_counter()
             _with_reads(s, view, deltas)

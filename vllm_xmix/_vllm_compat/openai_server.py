@@ -80,9 +80,11 @@ def patch_openai_server() -> None:
 
 
 #: where the (single) choice of a streamed chunk ends in vLLM's serialization of its stream
-#: responses (the choices list is followed by ``usage``): a JSON string cannot contain this
-#: sequence (its quote would be escaped), and no choice has a ``usage`` key of its own
+#: responses: before ``usage`` when it is set (a JSON string cannot contain this sequence, its
+#: quote would be escaped, and no choice has a ``usage`` key of its own), else at the end of the
+#: object (vLLM serializes chunks with ``exclude_unset=True``: ``..."choices":[{...}]}``)
 _CHOICE_END = '}],"usage":'
+_LAST_CHOICE_END = "}]}\n\n"
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
@@ -108,6 +110,8 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
         n_gen = view._n_generated
         extra["mi_results_complete"] = to_json(view._acc.assemble(n_generated=n_gen, upto=view._upto))
     at = chunk.find(_CHOICE_END)
+    if at < 0 and chunk.endswith(_LAST_CHOICE_END) and list(data)[-1] == "choices":
+        at = len(chunk) - len(_LAST_CHOICE_END)
     if len(choices) == 1 and at > 0:
         fields = _COMPACT.encode(extra)[1:-1]
         return f"{chunk[:at]},{fields}{chunk[at:]}"

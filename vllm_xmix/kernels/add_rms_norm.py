@@ -107,7 +107,7 @@ if HAS_TRITON:
                              out_ptr, stride_out, mean_ptr, stride_mean, latch_ptr, stride_latch,
                              ROW: tl.constexpr, HAS_PRE: tl.constexpr, HAS_COND: tl.constexpr,
                              TWO: tl.constexpr, ROW2: tl.constexpr, HAS_PRE2: tl.constexpr, HAS_COND2: tl.constexpr,
-                             BLOCK_D: tl.constexpr):
+                             NORM: tl.constexpr, BLOCK_D: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK_D)
         m = offs < D
@@ -123,6 +123,9 @@ if HAS_TRITON:
                              stride_vec, entries2_ptr, n_entries2, pre2_ptr, n_pre2, cond_i_ptr, cond_thr_ptr,
                              tok_pos_ptr, plen_ptr, tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V, out_ptr, stride_out,
                              mean_ptr, stride_mean, latch_ptr, stride_latch, ROW2, HAS_PRE2, HAS_COND2, BLOCK_D)
+        if not NORM:  # the writes alone (the residual half; x untouched)
+            tl.store(r_ptr + t * stride_r + offs, h, mask=m)
+            return
         z = (x.to(tl.float32) + h.to(tl.float32)).to(h.dtype)
         zf = tl.where(m, z.to(tl.float32), 0.0)
         rs = 1.0 / tl.sqrt(tl.sum(zf * zf, axis=0) / D + eps)
@@ -145,12 +148,13 @@ def _norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                            tok_slot: torch.Tensor, coef: torch.Tensor, entries: list[int], kinds: list[int],
                            values: list[float], vectors: torch.Tensor, row: bool, pre: list[int] | None = None,
-                           mult: torch.Tensor | None = None, second: tuple | None = None) -> None:
+                           mult: torch.Tensor | None = None, second: tuple | None = None, norm: bool = True) -> None:
     """Torch reference of :func:`add_rms_norm_triton` (the module docstring's semantics);
     ``entries`` / ``kinds`` / ``values`` / ``pre`` are host lists; ``mult`` ``[T, len(entries)]``
     float32: the entries' condition gates (``cond_gate.gate_reference``), None for none;
-    ``second``: ``(entries, row, pre, mult)`` of a second site applied after the first, or None.
-    Mutates ``x`` and ``residual``."""
+    ``second``: ``(entries, row, pre, mult)`` of a second site applied after the first, or None;
+    ``norm``: False for the writes alone (``residual`` mutated, ``x`` not). Mutates ``x`` and
+    ``residual``."""
     if x.shape[0] == 0:
         return
     for ents, rw, pr, mu in [(entries, row, pre, mult)] + ([tuple(second)] if second is not None else []):
@@ -163,21 +167,24 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
             else:
                 idx = torch.tensor(ents, dtype=torch.int32, device=residual.device)
                 steer_add_reference(residual, tok_slot, coef, idx, vectors)
-    _norm_reference(x, residual, weight, eps)
+    if norm:
+        _norm_reference(x, residual, weight, eps)
 
 
 def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                         tok_slot: torch.Tensor, coef: torch.Tensor, entries: torch.Tensor | None,
                         kinds: torch.Tensor, values: torch.Tensor, vectors: torch.Tensor, row: bool,
                         pre: torch.Tensor | None = None, cond: dict | None = None, gated: bool | None = None,
-                        second: tuple | None = None) -> None:
+                        second: tuple | None = None, norm: bool = True) -> None:
     """Triton implementation (CUDA, or CPU under ``TRITON_INTERPRET=1``); ``entries`` / ``pre``:
     int32 device tensors, or None for none; ``cond``: the condition tensors (``cond_i``,
     ``cond_thr``, ``tok_pos``, ``slot_plen``, ``tok_cur``, ``tok_prev``, ``bitmaps``, ``out``,
     ``req_mean``, ``latch_pos``, as ``ConditionState.cond_args``); ``gated``: whether the
     (first) site's ROW entries are gated by them (default: ``cond`` given); ``second``:
     ``(entries, row, pre, gated)`` of a second site at this norm, applied after the first, or
-    None. Mutates ``x`` and ``residual``.
+    None; ``norm``: False for the writes alone (``residual`` mutated, ``x`` not: the same
+    arithmetic as with the norm, so a site's writes do not depend on which path applied them).
+    Mutates ``x`` and ``residual``.
 
     Raises:
         ValueError: ``x`` / ``residual`` of different shapes or dtypes, a last dim that is not
@@ -216,7 +223,7 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
                                latch, latch.stride(0),
                                ROW=bool(row), HAS_PRE=a[3] > 0, HAS_COND=bool(gated),
                                TWO=len(sites) > 1, ROW2=bool(len(sites) > 1 and sites[1][1]), HAS_PRE2=b[3] > 0,
-                               HAS_COND2=bool(len(sites) > 1 and sites[1][3]),
+                               HAS_COND2=bool(len(sites) > 1 and sites[1][3]), NORM=bool(norm),
                                BLOCK_D=block, num_warps=8 if block >= 2048 else 4)
 
 

@@ -30,7 +30,8 @@ class SiteKeys:
 
     def __init__(self) -> None:
         self._keys: list[tuple[torch.nn.Module, str, tuple[int, ...]]] = []
-        self._by_ptr: dict[int, tuple[int, ...]] = {}
+        # data pointer -> (sites, module, attribute); a hit is checked against the module's tensor
+        self._by_ptr: dict[int, tuple[tuple[int, ...], torch.nn.Module, str]] = {}
 
     def add(self, module: torch.nn.Module, attr: str, sites: tuple[int, ...]) -> None:
         """Record that calls passing ``getattr(module, attr)`` (a tensor) carry ``sites`` (site
@@ -49,24 +50,28 @@ class SiteKeys:
             RuntimeError: no hooked module has this key (a key tensor replaced after the hooks
             were installed and then not found again), or two hooked modules share one key tensor
             (tied norm weights cannot tell their sites apart)."""
-        sites = self._by_ptr.get(key.data_ptr())
-        if sites is None:
+        ptr = key.data_ptr()
+        hit = self._by_ptr.get(ptr)
+        # a hit counts only while that module's tensor is still there: memory of a tensor that was
+        # replaced (or of a temporary copy, as CPU weight offloading passes a layer's weights) can
+        # come back as another module's tensor
+        if hit is None or getattr(hit[1], hit[2]).data_ptr() != ptr:
             self._rebuild()  # a parameter replaced or moved after install: look the modules up again
-            sites = self._by_ptr.get(key.data_ptr())
-            if sites is None:
+            hit = self._by_ptr.get(ptr)
+            if hit is None:
                 raise RuntimeError(
                     "vllm_xmix: a hook op was called with a key tensor that no hooked module has "
                     f"({len(self._keys)} keys): a module's parameter or key buffer was replaced outside vLLM's "
                     "weight loading; restart the engine")
-        return sites
+        return hit[0]
 
     def _rebuild(self) -> None:
-        by_ptr: dict[int, tuple[int, ...]] = {}
+        by_ptr: dict[int, tuple[tuple[int, ...], torch.nn.Module, str]] = {}
         for module, attr, sites in self._keys:
             p = getattr(module, attr).data_ptr()
-            if p in by_ptr and by_ptr[p] != sites:
+            if p in by_ptr and by_ptr[p][0] != sites:
                 raise RuntimeError(
-                    f"vllm_xmix: two hooked modules share one key tensor ({attr}; sites {by_ptr[p]} and {sites}): "
+                    f"vllm_xmix: two hooked modules share one key tensor ({attr}; sites {by_ptr[p][0]} and {sites}): "
                     "tied norm weights cannot host sites; set fused_writes='none' for this model")
-            by_ptr[p] = sites
+            by_ptr[p] = (sites, module, attr)
         self._by_ptr = by_ptr
