@@ -807,6 +807,14 @@ def _norm_cond_triton_check(device: str) -> None:
             add_rms_norm_reference(ox, orr, w, 1e-5, st["tok_slot"], coef, entries, kinds, values, vec, True,
                                    pre=pre, mult=gates, second=(ents_a, row_a, None, None))
             assert not torch.allclose(orr, wr, rtol=1e-3, atol=1e-3)
+            # the gated site first: Triton == reference in that order too
+            tx, tr = x[:T].clone(), r[:T].clone()
+            add_rms_norm_triton(tx, tr, w, 1e-5, st["tok_slot"], coef, dev(entries, torch.int32),
+                                dev(kinds, torch.int32), dev(values, torch.float32), vec, True,
+                                pre=dev(pre, torch.int32), cond=cond, gated=True,
+                                second=(dev(ents_a, torch.int32), row_a, None, False))
+            torch.testing.assert_close(tr, orr, **tol)
+            torch.testing.assert_close(tx, ox, **tol)
     with pytest.raises(ValueError, match="row semantics"):
         add_rms_norm_triton(gx, gr, w, 1e-5, st["tok_slot"], coef, dev(entries, torch.int32), dev(kinds, torch.int32),
                             dev(values, torch.float32), vec, False, cond=cond)
