@@ -53,21 +53,14 @@ if HAS_TRITON:
     import triton.language as tl
 
     from .cond_gate import cond_gate
+    from .steer_add import add_sum
 
     @triton.jit
     def _adds(h, m, offs, slot, coef_ptr, stride_coef, vec_ptr, stride_vec, entries_ptr, n_entries,
               BLOCK_D: tl.constexpr):
         """Adds with the add kernel's semantics (kernels/steer_add.py): one float32 sum over the
         entries on for this token, rounded once; ``h`` untouched when none is on."""
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        nz = tl.zeros([BLOCK_D], dtype=tl.int32)
-        for i in range(n_entries):
-            e = tl.load(entries_ptr + i).to(tl.int64)
-            c = tl.zeros([BLOCK_D], dtype=tl.float32) + tl.load(coef_ptr + slot * stride_coef + e)
-            on = c != 0.0
-            v = tl.load(vec_ptr + e * stride_vec + offs, mask=m & on, other=0.0)
-            acc += c * v
-            nz += on.to(tl.int32)
+        acc, nz = add_sum(slot, coef_ptr, stride_coef, entries_ptr, n_entries, vec_ptr, stride_vec, offs, m, BLOCK_D)
         return tl.where(nz > 0, (h.to(tl.float32) + acc).to(h.dtype), h)
 
     @triton.jit

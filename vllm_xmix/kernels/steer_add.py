@@ -54,14 +54,13 @@ def steer_add_reference(h: torch.Tensor, tok_slot: torch.Tensor, coef: torch.Ten
 
 if HAS_TRITON:
 
-    @triton.jit(do_not_specialize=["n_entries"])
-    def _steer_add_kernel(h_ptr, stride_h, tok_slot_ptr, coef_ptr, stride_coef, entries_ptr,
-                          vec_ptr, stride_vec, n_entries, D, BLOCK_D: tl.constexpr):
-        t = tl.program_id(0)
-        db = tl.program_id(1)
-        slot = tl.load(tok_slot_ptr + t).to(tl.int64)
-        offs = db * BLOCK_D + tl.arange(0, BLOCK_D)
-        m = offs < D
+    @triton.jit
+    def add_sum(slot, coef_ptr, stride_coef, entries_ptr, n_entries, vec_ptr, stride_vec, offs, m,
+                BLOCK_D: tl.constexpr):
+        """The adds of one token over the columns ``offs`` (mask ``m``): ``(acc, nz)``, the float32
+        sum of ``coef[slot, e] * vectors[e]`` over the entries and how many of them are on (an
+        entry that is off adds nothing, even where its vector is -inf). Shared by this kernel and
+        the add + RMSNorm kernel (kernels/add_rms_norm.py), so both add alike."""
         acc = tl.zeros([BLOCK_D], dtype=tl.float32)
         nz = tl.zeros([BLOCK_D], dtype=tl.int32)
         for i in range(n_entries):
@@ -71,6 +70,17 @@ if HAS_TRITON:
             v = tl.load(vec_ptr + e * stride_vec + offs, mask=m & on, other=0.0).to(tl.float32)
             acc += c * v
             nz += on.to(tl.int32)
+        return acc, nz
+
+    @triton.jit(do_not_specialize=["n_entries"])
+    def _steer_add_kernel(h_ptr, stride_h, tok_slot_ptr, coef_ptr, stride_coef, entries_ptr,
+                          vec_ptr, stride_vec, n_entries, D, BLOCK_D: tl.constexpr):
+        t = tl.program_id(0)
+        db = tl.program_id(1)
+        slot = tl.load(tok_slot_ptr + t).to(tl.int64)
+        offs = db * BLOCK_D + tl.arange(0, BLOCK_D)
+        m = offs < D
+        acc, nz = add_sum(slot, coef_ptr, stride_coef, entries_ptr, n_entries, vec_ptr, stride_vec, offs, m, BLOCK_D)
         mm = m & (nz > 0)
         row = h_ptr + t.to(tl.int64) * stride_h + offs
         h = tl.load(row, mask=mm, other=0.0)
