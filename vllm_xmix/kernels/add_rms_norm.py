@@ -107,6 +107,8 @@ if HAS_TRITON:
         x = tl.load(x_ptr + t * stride_x + offs, mask=m, other=0.0)
         h = tl.load(r_ptr + t * stride_r + offs, mask=m, other=0.0)
         slot = tl.load(tok_slot_ptr + t).to(tl.int64)
+        if NORM:  # issued before the writes' loads, which do not depend on it
+            w = tl.load(w_ptr + offs, mask=m, other=0.0)
         h = _site_writes(h, x, m, offs, t, slot, coef_ptr, stride_coef, kinds_ptr, values_ptr, vec_ptr, stride_vec,
                          entries_ptr, n_entries, pre_ptr, n_pre, cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr,
                          tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V, out_ptr, stride_out, mean_ptr, stride_mean,
@@ -122,7 +124,6 @@ if HAS_TRITON:
         z = (x.to(tl.float32) + h.to(tl.float32)).to(h.dtype)
         zf = tl.where(m, z.to(tl.float32), 0.0)
         rs = 1.0 / tl.sqrt(tl.sum(zf * zf, axis=0) / D + eps)
-        w = tl.load(w_ptr + offs, mask=m, other=0.0)
         out = ((zf * rs).to(h.dtype).to(tl.float32) * w.to(tl.float32)).to(h.dtype)
         tl.store(r_ptr + t * stride_r + offs, z, mask=m)
         tl.store(x_ptr + t * stride_x + offs, out, mask=m)
