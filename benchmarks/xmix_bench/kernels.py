@@ -1,4 +1,4 @@
-"""kernels: the steering kernel alone, as it runs in a decode step.
+"""kernels: the steering kernels alone, as they run in a step.
 
 ``steer_add`` (the kernel of unconditional adds): ``--layers`` launches, one per layer, on
 ``h [T, d_model]``, with every token on the null slot (app off) and with every token steered;
@@ -14,6 +14,13 @@ Reported per token count T: microseconds per launch.
 
 ``--check``: the Triton kernel's output against the reference's for each T, off and on (max
 absolute difference; 0 expected for the null slot).
+
+``--kernel norm`` (CUDA): the residual add + RMSNorm that a residual-stream site's writes replace
+with ``fused_writes="norm"`` (``kernels/add_rms_norm.py``), microseconds per launch per T:
+``vllm`` (vLLM's CUDA ``fused_add_rms_norm``, what the plugin runs where no app is on),
+``inductor`` (the same arithmetic compiled by torch.compile: what plain vLLM's compiled graph
+runs), ``xmix_norm`` (the plugin's kernel without writes), ``xmix_off`` / ``xmix_on`` (one add
+entry, every token on the null slot / steered).
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ HELP = "the steering kernel alone (CUDA-graph microbenchmark; torch reference or
 
 def add_arguments(p) -> None:
     p.add_argument("--tokens", help="comma-separated token counts T (default 1,8,64,512,8192 on CUDA, 1,8,64 on CPU)")
+    p.add_argument("--kernel", choices=["add", "norm"], default="add",
+                   help="add: the steering add alone; norm: the add + RMSNorm kernel against vLLM's and Inductor's")
     p.add_argument("--d-model", type=int, default=4096)
     p.add_argument("--layers", type=int, default=32, help="launches per measurement (one per layer)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
@@ -46,8 +55,13 @@ def main(args) -> int:
     impl = args.impl if args.impl != "auto" else ("triton" if device == "cuda" else "reference")
     tokens = [int(x) for x in (args.tokens or ("1,8,64,512,8192" if device == "cuda" else "1,8,64")).split(",")]
     dtype = getattr(torch, args.dtype)
-    res = {str(T): bench(T, args.d_model, args.layers, impl, device, dtype, args.cpu_repeats) for T in tokens}
-    out = {"device": device, "impl": impl, "dtype": args.dtype, "d_model": args.d_model, "layers": args.layers,
+    if args.kernel == "norm":
+        if device != "cuda":
+            raise SystemExit("--kernel norm: CUDA only (it compares against vLLM's CUDA kernel)")
+        res = {str(T): bench_norm(T, args.d_model, args.layers, dtype) for T in tokens}
+    else:
+        res = {str(T): bench(T, args.d_model, args.layers, impl, device, dtype, args.cpu_repeats) for T in tokens}
+    out = {"kernel": args.kernel, "device": device, "impl": impl, "dtype": args.dtype, "d_model": args.d_model, "layers": args.layers,
            "us_per_launch": res, "commit": common.git_commit(), "date": common.today(),
            "command": common.command_line()}
     if args.check:
@@ -104,6 +118,46 @@ def bench(T: int, D: int, layers: int, impl: str, device: str, dtype, repeats: i
     vb = vec.to(dtype)
     out["torch_add"] = timer(lambda: [h.add_(vb) for h in hs]) * 1e3 / layers
     return {k: round(v, 2) for k, v in out.items()}
+
+
+def bench_norm(T: int, D: int, layers: int, dtype, eps: float = 1e-5) -> dict:
+    """Microseconds per launch of the residual add + RMSNorm on ``[T, D]`` (module docstring),
+    ``layers`` launches captured in one CUDA graph; a variant whose kernel is not available here
+    (vLLM's ``_C`` ops) is left out."""
+    import torch
+    import triton.testing
+
+    from vllm_xmix.kernels.add_rms_norm import add_rms_norm_triton
+
+    hs, coef, vec, ent = _inputs(T, D, "cuda", dtype, 2 * layers)
+    xs, rs = hs[:layers], hs[layers:]
+    w = torch.ones(D, device="cuda", dtype=dtype)
+    kinds = torch.zeros(1, dtype=torch.int32, device="cuda")
+    values = torch.zeros(1, dtype=torch.float32, device="cuda")
+    timer = triton.testing.do_bench_cudagraph
+    out = {}
+    try:
+        import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
+
+        fused = torch.ops._C.fused_add_rms_norm
+        out["vllm"] = timer(lambda: [fused(x, r, w, eps) for x, r in zip(xs, rs)])
+    except Exception as e:  # no vLLM CUDA build here
+        print(f"vllm fused_add_rms_norm: not available ({e})")
+
+    def native(x, r):
+        z = (x.float() + r.float()).to(dtype)
+        zf = z.float()
+        return ((zf * torch.rsqrt(zf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype) * w), z
+
+    compiled = torch.compile(native, dynamic=False)
+    out["inductor"] = timer(lambda: [compiled(x, r) for x, r in zip(xs, rs)])
+    toks = {slot: torch.full((T,), slot, dtype=torch.int32, device="cuda") for slot in (0, 1)}
+    out["xmix_norm"] = timer(lambda: [add_rms_norm_triton(x, r, w, eps, toks[0], coef, None, kinds, values, vec, False)
+                                      for x, r in zip(xs, rs)])
+    for name, slot in (("xmix_off", 0), ("xmix_on", 1)):
+        out[name] = timer(lambda: [add_rms_norm_triton(x, r, w, eps, toks[slot], coef, ent, kinds, values, vec, False)
+                                   for x, r in zip(xs, rs)])
+    return {k: round(v * 1e3 / layers, 2) for k, v in out.items()}
 
 
 def check(T: int, D: int, device: str, dtype) -> dict:
