@@ -23,7 +23,9 @@ Per configuration (medians over requests, then over rounds):
   ``step()`` and of its host phases (``schedule``, ``execute_model``: the forward's preparation
   and launch, ``sample_tokens``, ``update_from_output``, ``process_outputs``: the output
   processor; inside those, the plugin's ``xmix_update`` (request registry), ``xmix_fill`` (the
-  step's device tables), ``xmix_snapshot`` / ``xmix_reads_of`` (read values to the host)), and on CUDA the device ms from the start of the forward's preparation to the end
+  step's device tables), ``xmix_snapshot`` / ``xmix_reads_of`` (read values to the host)), Python's
+  garbage collector (``gc``: ms of collections during the step, any generation; ``gc2``: of the
+  oldest generation's), and on CUDA the device ms from the start of the forward's preparation to the end
   of sampling on the forward's stream (CUDA events; with async scheduling, the device time of the
   step's own work plus any wait for the host inside it).
 
@@ -45,7 +47,7 @@ from . import common
 
 HELP = "serving-like arrivals through an in-process engine: TTFT, ITL and per-step host/device time vs plain vLLM"
 PHASES = ("schedule", "execute_model", "sample_tokens", "update_from_output", "process_outputs",
-          "xmix_update", "xmix_fill", "xmix_snapshot", "xmix_reads_of")
+          "xmix_update", "xmix_fill", "xmix_snapshot", "xmix_reads_of", "gc", "gc2")
 
 
 def add_arguments(p) -> None:
@@ -127,6 +129,23 @@ class _Timers:
         self.prompt_tokens = False
         self.events: list = []  # (start event, end event) per forward, in order
         self._start = None
+
+    def watch_gc(self) -> None:
+        """Count the garbage collector's pauses into the step's ``gc`` / ``gc2`` phases."""
+        import gc
+
+        started = [0.0]
+
+        def cb(phase: str, info: dict) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+                return
+            dt = time.perf_counter() - started[0]
+            self.cur["gc"] = self.cur.get("gc", 0.0) + dt
+            if info.get("generation") == 2:
+                self.cur["gc2"] = self.cur.get("gc2", 0.0) + dt
+
+        gc.callbacks.append(cb)
 
     def wrap(self, obj, name: str, key: str) -> None:
         orig = getattr(obj, name)
@@ -262,7 +281,11 @@ def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp, ca
                               **{f"{p}_ms": float(np.median([s[2].get(p, 0.0) for s in sel]) * 1e3) for p in PHASES}}
     res["per_step"] = {"mixed": [int(s[0] == "mixed") for s in steps], "tokens": [s[3] for s in steps],
                        "step_ms": [round(s[1] * 1e3, 4) for s in steps],
-                       "execute_model_ms": [round(s[2].get("execute_model", 0.0) * 1e3, 4) for s in steps]}
+                       "execute_model_ms": [round(s[2].get("execute_model", 0.0) * 1e3, 4) for s in steps],
+                       "gc_ms": [round(s[2].get("gc", 0.0) * 1e3, 4) for s in steps]}
+    res["gc_ms_total"] = round(sum(s[2].get("gc", 0.0) for s in steps) * 1e3, 3)
+    res["gc2_ms_total"] = round(sum(s[2].get("gc2", 0.0) for s in steps) * 1e3, 3)
+    res["step_ms_max"] = round(max((s[1] for s in steps), default=0.0) * 1e3, 3)
     res["_kinds"] = kinds
     return res
 
@@ -408,6 +431,7 @@ def engine(args) -> int:
     eng = llm.llm_engine
     core = eng.engine_core.engine_core
     timers = _Timers(cuda)
+    timers.watch_gc()
     timers.wrap_schedule(core.scheduler)
     timers.wrap(core.scheduler, "update_from_output", "update_from_output")
     timers.wrap(core.model_executor, "execute_model", "execute_model")
@@ -459,8 +483,9 @@ def engine(args) -> int:
                 else:
                     r["device_note"] = f"{len(evs)} forwards timed for {len(kinds)} steps: device time not paired"
             del r["_kinds"]
-            print(f"[steps] {args._engine} round {rnd} {name}: ttft {r['ttft_ms']:.2f} ms, itl {r['itl_ms']:.3f} ms",
-                  flush=True)
+            print(f"[steps] {args._engine} round {rnd} {name}: ttft {r['ttft_ms']:.2f} ms, itl {r['itl_ms']:.3f} ms, "
+                  f"gc {r['gc_ms_total']:.1f} ms (oldest generation {r['gc2_ms_total']:.1f}), "
+                  f"longest step {r['step_ms_max']:.1f} ms", flush=True)
             if tracing:
                 traced[name] = r
             elif rnd:
@@ -481,8 +506,8 @@ def _med(xs):
 def summary(runs: list[dict]) -> dict:
     """Medians over rounds of one configuration's numbers (flattened: ``mixed.step_ms`` ...)."""
     out = {}
-    for key in ("ttft_ms", "ttft_mean_ms", "itl_ms", "p99_itl_ms"):
-        out[key] = _med([r[key] for r in runs])
+    for key in ("ttft_ms", "ttft_mean_ms", "itl_ms", "p99_itl_ms", "gc_ms_total", "step_ms_max"):
+        out[key] = _med([r.get(key) for r in runs])
     for kind in KINDS:
         for key in ["n", "tokens", "step_ms", "device_ms"] + [f"{p}_ms" for p in PHASES]:
             out[f"{kind}.{key}"] = _med([r["steps"].get(kind, {}).get(key) for r in runs])
@@ -491,7 +516,7 @@ def summary(runs: list[dict]) -> dict:
 
 def table(res: dict) -> str:
     plain = summary(res["engines"]["plain"]["configs"]["plain"])
-    cols = ["ttft_ms", "itl_ms", "p99_itl_ms", "mixed.step_ms", "mixed.device_ms", "mixed.execute_model_ms",
+    cols = ["ttft_ms", "itl_ms", "p99_itl_ms", "gc_ms_total", "step_ms_max", "mixed.step_ms", "mixed.device_ms", "mixed.execute_model_ms",
             "mixed_graph.n", "mixed_graph.execute_model_ms", "mixed_eager.n", "mixed_eager.execute_model_ms",
             "decode.step_ms", "decode.device_ms", "decode.execute_model_ms"]
     lines = [f"{res['model']}, rate {res['settings']['rate']}/s, {res['settings']['num_prompts']} prompts x "
