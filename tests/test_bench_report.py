@@ -219,3 +219,18 @@ def test_hooks_check_compare_names_what_ran_and_takes_a_plain_file(tmp_path, cap
     hooks_check.compare(str(tmp_path / "a.json"), str(tmp_path / "p.json"))
     out = capsys.readouterr().out
     assert "none                 graphs==plain-graphs-tp2 1/2" in out and "add " not in out
+
+
+def test_serving_timeline_counts_the_gaps_in_which_no_request_got_a_token():
+    """The per-run timeline of the serving A/B: gaps of >= 20 ms between consecutive streamed
+    tokens of all requests count as stalls only while some request was in flight (worked out by
+    hand: tokens at 20, 25, 30, 40, 45, 95, 130, 510, 515 ms; the 380 ms gap has no request
+    in flight)."""
+    from benchmarks.xmix_bench.serve import timeline
+
+    res = {"start_times": [0.0, 0.01, 0.5], "ttfts": [0.02, 0.03, 0.01],
+           "itls": [[0.005, 0.005, 0.1], [0.005, 0.05], [0.005]]}
+    tl = timeline(res)
+    assert (tl["stalls"], tl["stall_total_ms"], tl["stall_max_ms"]) == (2, 85.0, 50.0)
+    assert tl["ttft_pct_ms"]["p50"] == 20.0 and tl["ttfts_ms"] == [20.0, 30.0, 10.0]
+    assert timeline({"start_times": [], "ttfts": [], "itls": []}) == {}

@@ -453,7 +453,7 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
             "--num-prompts", str(n), "--ignore-eos", "--request-rate", rate, "--seed", str(seed),
             "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--save-result",
             "--result-dir", os.path.dirname(result), "--result-filename", os.path.basename(result),
-            "--disable-tqdm"] + (["--profile"] if profile else [])
+            "--disable-tqdm", "--save-detailed"] + (["--profile"] if profile else [])
     if isinstance(sel, list):
         argv += ["--extra-body", json.dumps({"vllm_xargs": {"xmix": sel}})]
     common.XARGS_CYCLE = k_selections(int(sel[1:])) if isinstance(sel, str) else None
@@ -464,7 +464,43 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
         common.XARGS_CYCLE = None
     if res.get("completed", n) != n:
         raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
+    res["timeline"] = timeline(res)
     return res
+
+
+def timeline(res: dict, stall_ms: float = 20.0) -> dict:
+    """What the per-request arrays of a run (``--save-detailed``: ``start_times``, ``ttfts``,
+    ``itls``, seconds) say about how its latency is spread: TTFT percentiles (ms), and on the
+    run's merged token timeline (every streamed token's arrival at the client, while some
+    request was in flight) the gaps of at least ``stall_ms`` in which no request received a
+    token: how many, their total and the longest (ms). A cost per engine step spreads over
+    every request; a stall of the engine (or of the server's event loop) shows as such gaps."""
+    import numpy as np
+
+    starts, ttfts, itls = res.get("start_times") or [], res.get("ttfts") or [], res.get("itls") or []
+    if not (starts and ttfts and len(starts) == len(ttfts) == len(itls)):
+        return {}
+    tokens, spans = [], []
+    for s0, f, gaps in zip(starts, ttfts, itls):
+        if not f:
+            continue
+        t = s0 + f + np.concatenate([[0.0], np.cumsum(gaps)])
+        tokens.append(t)
+        spans.append((s0, t[-1]))
+    if not tokens:
+        return {}
+    t = np.sort(np.concatenate(tokens))
+    d = np.diff(t)
+    # a gap counts only while a request was waiting for a token (started, not yet finished)
+    lo, hi = np.array([a for a, _ in spans]), np.array([b for _, b in spans])
+    mid = (t[:-1] + t[1:]) / 2
+    waiting = (np.searchsorted(np.sort(lo), mid) - np.searchsorted(np.sort(hi), mid)) > 0
+    big = d[(d * 1e3 >= stall_ms) & waiting] * 1e3
+    q = np.percentile(np.array(ttfts) * 1e3, [10, 25, 50, 75, 90, 99])
+    return {"ttft_pct_ms": dict(zip(["p10", "p25", "p50", "p75", "p90", "p99"], [round(float(x), 2) for x in q])),
+            "stall_ms": stall_ms, "stalls": int(big.size), "stall_total_ms": round(float(big.sum()), 1),
+            "stall_max_ms": round(float(big.max()), 1) if big.size else 0.0,
+            "ttfts_ms": [round(float(x) * 1e3, 2) for x in ttfts]}
 
 
 def rounds(args) -> int:
@@ -507,11 +543,16 @@ def rounds(args) -> int:
                 os.makedirs(os.path.dirname(f), exist_ok=True)
                 res = bench(servers[srv], st, dataset_args, rate, args.num_prompts, sel, f, seed=rnd,
                             run_mark=next_mark())
+                tl = res.get("timeline") or {}
                 print(f"rate {rate} round {rnd if measured else 'warm-up'} {name}: itl {res['mean_itl_ms']:.3f} ms  "
-                      f"tput {res['total_token_throughput']:.0f} tok/s", flush=True)
+                      f"tput {res['total_token_throughput']:.0f} tok/s  ttft p50 "
+                      f"{tl.get('ttft_pct_ms', {}).get('p50', float('nan')):.2f} ms  stalls >= {tl.get('stall_ms')} ms: "
+                      f"{tl.get('stalls')} ({tl.get('stall_total_ms')} ms, longest {tl.get('stall_max_ms')})",
+                      flush=True)
                 if measured:
                     runs.append({"rate": rate, "round": rnd, "config": name, "title": title, "commit": commit,
-                                 "date": date, "result": {k: res[k] for k, _, _ in common.SERVE_METRICS}})
+                                 "date": date, "result": {k: res[k] for k, _, _ in common.SERVE_METRICS},
+                                 "timeline": res.get("timeline", {})})
                     common.write_json(res_path, runs)  # after every run: a cut command keeps its runs
     if profiled:  # where the time goes: vanilla vs each profiled configuration, same rate and prompts
         rate = rates[0]
