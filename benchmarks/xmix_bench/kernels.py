@@ -20,7 +20,8 @@ with ``fused_writes="norm"`` (``kernels/add_rms_norm.py``), microseconds per lau
 ``vllm`` (vLLM's CUDA ``fused_add_rms_norm``, what the plugin runs where no app is on),
 ``inductor`` (the same arithmetic compiled by torch.compile: what plain vLLM's compiled graph
 runs), ``xmix_norm`` (the plugin's kernel without writes), ``xmix_off`` / ``xmix_on`` (one add
-entry, every token on the null slot / steered).
+entry, every token on the null slot / steered; ``xmix_on_w16`` / ``xmix_on_w4``: steered, launched with
+16 / 4 warps per program instead of 8).
 """
 
 from __future__ import annotations
@@ -154,9 +155,9 @@ def bench_norm(T: int, D: int, layers: int, dtype, eps: float = 1e-5) -> dict:
     toks = {slot: torch.full((T,), slot, dtype=torch.int32, device="cuda") for slot in (0, 1)}
     out["xmix_norm"] = timer(lambda: [add_rms_norm_triton(x, r, w, eps, toks[0], coef, None, kinds, values, vec, False)
                                       for x, r in zip(xs, rs)])
-    for name, slot in (("xmix_off", 0), ("xmix_on", 1)):
-        out[name] = timer(lambda: [add_rms_norm_triton(x, r, w, eps, toks[slot], coef, ent, kinds, values, vec, False)
-                                   for x, r in zip(xs, rs)])
+    for name, slot, nw in (("xmix_off", 0, None), ("xmix_on", 1, None), ("xmix_on_w16", 1, 16), ("xmix_on_w4", 1, 4)):
+        out[name] = timer(lambda: [add_rms_norm_triton(x, r, w, eps, toks[slot], coef, ent, kinds, values, vec, False,
+                                                       num_warps=nw) for x, r in zip(xs, rs)])
     return {k: round(v * 1e3 / layers, 2) for k, v in out.items()}
 
 

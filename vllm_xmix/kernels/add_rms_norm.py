@@ -169,7 +169,7 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
                         tok_slot: torch.Tensor, coef: torch.Tensor, entries: torch.Tensor | None,
                         kinds: torch.Tensor, values: torch.Tensor, vectors: torch.Tensor, row: bool,
                         pre: torch.Tensor | None = None, cond: dict | None = None, gated: bool | None = None,
-                        second: tuple | None = None, norm: bool = True) -> None:
+                        second: tuple | None = None, norm: bool = True, num_warps: int | None = None) -> None:
     """Triton implementation (CUDA, or CPU under ``TRITON_INTERPRET=1``); ``entries`` / ``pre``:
     int32 device tensors, or None for none; ``cond``: the condition tensors (``cond_i``,
     ``cond_thr``, ``tok_pos``, ``slot_plen``, ``tok_cur``, ``tok_prev``, ``bitmaps``, ``out``,
@@ -177,7 +177,9 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     (first) site's ROW entries are gated by them (default: ``cond`` given); ``second``:
     ``(entries, row, pre, gated)`` of a second site at this norm, applied after the first, or
     None; ``norm``: False for the writes alone (``residual`` mutated, ``x`` not: the same
-    arithmetic as with the norm, so a site's writes do not depend on which path applied them).
+    arithmetic as with the norm, so a site's writes do not depend on which path applied them);
+    ``num_warps``: the launch's warps per program (default: 8 from ``D`` >= 2048, else 4; one
+    value for every launch of a site, since the norm's reduction order follows it).
     Mutates ``x`` and ``residual``.
 
     Raises:
@@ -218,7 +220,7 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
                                ROW=bool(row), HAS_PRE=a[3] > 0, HAS_COND=bool(gated),
                                TWO=len(sites) > 1, ROW2=bool(len(sites) > 1 and sites[1][1]), HAS_PRE2=b[3] > 0,
                                HAS_COND2=bool(len(sites) > 1 and sites[1][3]), NORM=bool(norm),
-                               BLOCK_D=block, num_warps=8 if block >= 2048 else 4)
+                               BLOCK_D=block, num_warps=num_warps or (8 if block >= 2048 else 4))
 
 
 __all__ = ["ADD", "PROJ", "add_rms_norm_reference", "add_rms_norm_triton"]
