@@ -107,8 +107,7 @@ if HAS_TRITON:
         x = tl.load(x_ptr + t * stride_x + offs, mask=m, other=0.0)
         h = tl.load(r_ptr + t * stride_r + offs, mask=m, other=0.0)
         slot = tl.load(tok_slot_ptr + t).to(tl.int64)
-        if NORM:  # issued before the writes' loads, which do not depend on it
-            w = tl.load(w_ptr + offs, mask=m, other=0.0)
+        w = tl.load(w_ptr + offs, mask=m, other=0.0)  # issued before the writes' loads (unused without NORM)
         h = _site_writes(h, x, m, offs, t, slot, coef_ptr, stride_coef, kinds_ptr, values_ptr, vec_ptr, stride_vec,
                          entries_ptr, n_entries, pre_ptr, n_pre, cond_i_ptr, cond_thr_ptr, tok_pos_ptr, plen_ptr,
                          tok_cur_ptr, tok_prev_ptr, bitmap_ptr, V, out_ptr, stride_out, mean_ptr, stride_mean,
