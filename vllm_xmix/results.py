@@ -69,19 +69,21 @@ class ReadResults:
         return out
 
     def add(self, chunks) -> None:
-        """Keep one output's chunks (see ``ReadTransport.reads_of``), in arrival order."""
-        self._raw.append(chunks)
+        """Keep one output's chunks (see ``ReadTransport.reads_of``), in arrival order, as
+        tuples in one flat list: a tuple of strings, ints and bytes leaves the garbage
+        collector's tracking at its first collection, the lists that msgpack decodes do not (a
+        request whose outputs are not streamed kept one list per token alive)."""
+        self._raw.extend(map(tuple, chunks))
         self.n_chunks += len(chunks)
 
     def _parse(self) -> None:
         raw, self._raw = self._raw, []
         seq = self._parsed
-        for chunks in raw:
-            for app, name, layer, positions, pos0, n, width, data in chunks:
-                vals = np.frombuffer(data, dtype=np.float32).reshape(int(n), int(width))
-                part = self._parts.setdefault((app, name, int(layer)), [positions, int(width), []])
-                part[2].append((seq, int(pos0), vals))
-                seq += 1
+        for app, name, layer, positions, pos0, n, width, data in raw:
+            vals = np.frombuffer(data, dtype=np.float32).reshape(int(n), int(width))
+            part = self._parts.setdefault((app, name, int(layer)), [positions, int(width), []])
+            part[2].append((seq, int(pos0), vals))
+            seq += 1
         self._parsed = seq
 
     def view(self, n_generated: int | None = None) -> "ResultsView":
