@@ -605,3 +605,25 @@ def test_site_keys_find_the_sites_of_a_hook_op_call():
     norms[2].weight = norms[0].weight
     with pytest.raises(RuntimeError, match="share one key tensor"):
         keys.sites_of(torch.ones(8))
+
+
+def test_token_positions_are_uploaded_only_for_variants_whose_ops_read_them():
+    """The step fill writes ``tok_pos`` (each token's absolute position, read by conditional
+    writes, request-scope and latch reads, and the token bookkeeping) only in steps whose
+    variant has such an op: a step with the probe alone leaves it as it was, a step with the
+    token-conditioned (SEAL-style) app writes the positions of all of its tokens."""
+    st = multi_state(fused_mode=True, fused_writes="none")
+    st.graph_variants()
+    pos = st.conditions.tok_pos
+    pos.fill_(-7)  # a value no fill writes
+    so = NS(finished_req_ids=set(), preempted_req_ids=set(),
+            scheduled_new_reqs=[req("a", "probe")], scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[]))
+    st.update_requests(so)
+    st.fill(["a"], np.array([3]))
+    assert not st.variants.needs_positions() and (pos == -7).all()
+    so = NS(finished_req_ids={"a"}, preempted_req_ids=set(), scheduled_new_reqs=[req("b", "seal")],
+            scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[]))
+    st.update_requests(so)
+    st.fill(["b"], np.array([3]))
+    assert st.variants.needs_positions()
+    assert pos[:3].tolist() == [0, 1, 2]  # the prompt's positions (a first chunk: computed tokens 0)

@@ -2,7 +2,7 @@
 token of the step belongs to, and the coefficient rows of requests that got a slot this step.
 
 Per step, on the forward's stream: ``tok_slot[:n]`` int32 (and with fused writes ``tok_fc[:n]``,
-with conditions ``tok_pos[:n]``) is uploaded from a pinned staging ring, and the coefficient rows
+with conditions in the step's graph variant ``tok_pos[:n]``) is uploaded from a pinned staging ring, and the coefficient rows
 of new slots with ``index_copy_`` (their latches, ``cond(latch=...)``, are reset to "never").
 Nothing here reads device data back, so async scheduling keeps its overlap. The step's run mask (graph variant) is chosen here too.
 """
@@ -131,7 +131,7 @@ class StepFill:
             fc[T:n] = 0.0
             lay.tok_fc[:n].copy_(stage.fc[:n], non_blocking=True)
         row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])[:-1]])  # first row of each request
-        if cond.has_cond:  # absolute position of every token (0 for app-free tokens and padding)
+        if cond.has_cond and var.needs_positions():  # absolute position of every token (0 for app-free tokens and padding)
             starts = np.fromiter(map(reg.step_pos.get, ids, repeat(0)), dtype=np.int64, count=n_req)
             pos = stage.pos.numpy()
             pos[:T] = np.repeat(starts - row0, num_scheduled_tokens[:n_req]) + np.arange(T)

@@ -136,6 +136,11 @@ class GraphVariants:
         self._plan_bits = ~((1 << n) - 1)  # what a site's plan depends on besides its own bit: token unit, apps
         self._idx_t: dict[tuple[int, ...], torch.Tensor] = {}
         self._cond_set = set(lay.conditions.cond_entries)
+        # entries whose kernels read the step's token positions (tok_pos): conditional writes,
+        # request-scope and latch-setting reads; and the token unit (the token history)
+        self._pos_bits = [self._bits_eager[i] for i, e in enumerate(lay.entries)
+                          if i in self._cond_set or e.req_k >= 0 or e.latch_k >= 0]
+        self._pos_need: dict[int, bool] = {}
 
     # ---------------------------------------------------------------- per-request masks
     def add_request(self, rid: str, row: np.ndarray) -> None:
@@ -246,6 +251,17 @@ class GraphVariants:
             mask = self.all_mask
         self.run_mask = mask
         self.variant_steps[mask] += 1
+
+    def needs_positions(self) -> bool:
+        """Whether a hook op of this step's variant reads the step's token positions
+        (``ConditionState.tok_pos``): it applies a conditional write, a request-scope or
+        latch-setting read, or the token bookkeeping. The step fill uploads positions only then
+        (a per-step table: a later step that needs them writes all of its own)."""
+        m = self.run_mask
+        need = self._pos_need.get(m)
+        if need is None:
+            need = self._pos_need[m] = bool((m >> self.tok_unit) & 1) or any(b & ~m == 0 for b in self._pos_bits)
+        return need
 
     def captures_pieces(self, mask: int) -> bool:
         """Whether piecewise CUDA graphs are captured for variant ``mask`` (all variants; with
