@@ -627,3 +627,38 @@ def test_token_positions_are_uploaded_only_for_variants_whose_ops_read_them():
     st.fill(["b"], np.array([3]))
     assert st.variants.needs_positions()
     assert pos[:3].tolist() == [0, 1, 2]  # the prompt's positions (a first chunk: computed tokens 0)
+
+
+def test_a_conditional_app_inside_another_apps_sites_keeps_its_own_variant():
+    """An unconditional app nested in another's sites runs in that app's variant (a probe in
+    steer_all's); a conditional one (CAST: a request-scope condition read and a gated add, all
+    at steer_all's hook points) does not: steer_all's steps launch neither its gates nor its
+    condition read and upload no token positions, and a step mixing the two replays every site."""
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.runtime import XmixState
+    from vllm_xmix.spec import parse_deployment
+
+    steer, probe, cast = MIApp("steer_all"), MIApp("probe"), MIApp("cast")
+    steer.write("add", vector=unit_rms(0)).layers("all").submodule("hook_resid_post")
+    probe.read("linear_probe", weight=unit_rms(2)).layers([1]).submodule("hook_resid_post")
+    cast.read("cosine", weight=unit_rms(3), buffer="sim", scope="request").layers([1]).submodule("hook_resid_post")
+    cast.write("add", vector=unit_rms(4)).layers([2]).submodule("hook_resid_post").cond(buffer="sim", op=">",
+                                                                                         threshold=0.0)
+    st = XmixState.build(parse_deployment(deploy(steer, probe, cast, fused_writes="none")["xmix"]), 4, 64,
+                         torch.device("cpu"), 64, 8, vocab_size=32, max_model_len=64)
+    st.fused_mode = True
+    st.graph_variants()
+    post1, post2 = st.sites[(1, "hook_resid_post")], st.sites[(2, "hook_resid_post")]
+
+    def apps_at(site):
+        p = st.site_plan(site, fused=0)
+        pre = p.pre.tolist() if p is not None and p.pre is not None else []  # adds beside conditional writes
+        return None if p is None else sorted({st.entries[e].app for e in p.writes_host + p.reads_host + pre})
+
+    step(st, new_reqs=[req("a", "steer_all"), req("b", "probe")])  # the probe is nested: steer_all's variant
+    assert st.run_mask != st.all_mask and apps_at(post1) == ["probe", "steer_all"]
+    assert apps_at(post2) == ["steer_all"] and not st.variants.needs_positions()
+    step(st, finished=["b"], cached=["a"], new_reqs=[req("c", "cast")])  # not nested: every site
+    assert st.run_mask == st.all_mask and apps_at(post2) == ["cast", "steer_all"] and st.variants.needs_positions()
+    step(st, finished=["a"], cached=["c"])  # CAST's own variant, which holds the probe (unconditional, at its site)
+    assert st.run_mask != st.all_mask and apps_at(post1) == ["cast", "probe"] and apps_at(post2) == ["cast"]

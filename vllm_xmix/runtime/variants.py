@@ -199,8 +199,8 @@ class GraphVariants:
         """The variants (run masks) CUDA graphs are captured for, in capture order: app-free
         first, then one per deployed app that needs a hook op (``VLLM_XMIX_GRAPH_VARIANTS=apps``,
         the default; at most ``VLLM_XMIX_MAX_GRAPH_VARIANTS`` variants in all, 8 by default;
-        an app's variant also runs the apps whose sites all lie within its own, so apps with the
-        same sites share one and a step mixing nested apps replays the larger one's), every
+        an app's variant also runs the unconditional apps whose sites all lie within its own, so
+        such apps with the same sites share one and a step mixing them replays the larger one's), every
         site last. ``VLLM_XMIX_GRAPH_VARIANTS=onoff``: app-free and every site only.
         Fixed at the first call (the first capture); from then on a step with apps on replays
         the smallest variant that covers the apps of its requests (the step fill)."""
@@ -208,19 +208,24 @@ class GraphVariants:
             bits = self._bits_compiled if self.fused_mode else self._bits_eager
             masks = [0]
             if self.variant_mode == "apps":
-                app_masks = []
+                app_masks, conditional = [], []
+                pos_entries = {i for i, e in enumerate(self.layout.entries)
+                               if i in self._cond_set or e.req_k >= 0 or e.latch_k >= 0}
                 for idxs in self.layout.app_entries.values():
                     m = 0
                     for i in idxs:
                         m |= bits[i]
                     app_masks.append(m)
+                    conditional.append(any(i in pos_entries for i in idxs))
                 units = ~self._plan_bits | (1 << self.tok_unit)  # site bits and the token unit
                 for m in app_masks:
-                    # apps whose units all lie within this app's join its variant (their entries
-                    # run in it too), so a step mixing them replays it rather than every site
+                    # unconditional apps whose units all lie within this app's join its variant
+                    # (their entries run in it too), so a step mixing them replays it rather than
+                    # every site; a conditional one does not (its gates, condition reads and the
+                    # positions upload would run in every step of the larger app)
                     v = m
-                    for o in app_masks:
-                        if o and (o & units) & ~(m & units) == 0:
+                    for o, cond in zip(app_masks, conditional):
+                        if o and (o == m or not cond) and (o & units) & ~(m & units) == 0:
                             v |= o
                     if v and v != self.all_mask and v not in masks and len(masks) < self.max_variants - 1:
                         masks.append(v)
