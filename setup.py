@@ -32,4 +32,4 @@ def _vllm_requirement() -> str:
         return f"vllm=={_vllm_version()}"
 
 
-setup(install_requires=[_vllm_requirement(), "pydantic>=2", "safetensors", "numpy"])
+setup(install_requires=[_vllm_requirement(), "pydantic>=2", "safetensors", "numpy", "msgspec"])
