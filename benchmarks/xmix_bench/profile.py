@@ -25,11 +25,12 @@ Actions:
   *cumulative* time of the entry points (``fill``, ``update_requests``, ``snapshot``,
   ``reads_of``, ``add``, ``assemble``, ``hook_write_``). The hook ops run their torch reference
   kernels here: that time is CPU compute and does not carry over to a GPU.
-* ``runtime MODEL_DIR``: no engine; the worker-side runtime alone (``XmixState`` on CPU
-  tensors, the benchmark deployment at the config's full size) driven with scheduler outputs
-  shaped like vLLM's: per app, the median host ms of ``update_requests`` + ``fill`` + read
-  snapshot / transport for a mixed step (one new request of 220 prompt tokens beside 40 decoding
-  ones) and for a decode step.
+* ``runtime MODEL_DIR``: no engine; the worker-side runtime alone (``XmixState``, its tables
+  on ``--device``: cpu, or cuda where the fill's copies and events are real CUDA calls; the
+  benchmark deployment at the config's full size) driven with scheduler outputs shaped like
+  vLLM's: per app, the median host ms of ``update_requests`` + ``fill`` + read snapshot /
+  transport, whole and per phase, for a mixed step (one new request of 220 prompt tokens beside
+  40 decoding ones) and for a decode step, and the functions with the most self time (cProfile).
 * ``stream``: the front end's host time per streamed chunk of a request with a probe
   (``stream.py``).
 * ``vs-plain``: whole engine steps against vLLM without the plugin, compiled (no CUDA graphs
@@ -90,6 +91,10 @@ def add_arguments(p) -> None:
     r.add_argument("--fused-writes", choices=["auto", "none", "adds", "all", "norm"], default="auto",
                    help="the deployment's fused_writes (adds/all: fill() also writes the per-token fused coefficients)")
     r.add_argument("--steps", type=int, default=300, help="mixed + decode steps per app (the first 50 not counted)")
+    r.add_argument("--device", default="cpu",
+                   help="where the runtime's tables live (cuda: the fill's copies and events are real CUDA calls, "
+                        "as in a GPU engine; the steps are timed after the device finished the previous one)")
+    r.add_argument("--json", help="write the per-app medians (ms) and the functions with the most self time here")
     s = sub.add_parser("stream", help="the front end's host time per streamed chunk of a request with a probe")
     s.add_argument("--prompt", type=int, default=256, help="prompt tokens (their values come with the first chunk)")
     s.add_argument("--tokens", type=int, default=128, help="streamed chunks (tokens) per request")
@@ -130,7 +135,8 @@ def main(args) -> int:
     if args.action == "host":
         return host_steps(args.batch, args.tokens, args.configs)
     if args.action == "runtime":
-        return runtime_steps(args.model, fused_writes=args.fused_writes, n=args.steps)
+        return runtime_steps(args.model, fused_writes=args.fused_writes, n=args.steps, device=args.device,
+                             json_out=args.json)
     if args._engine:
         return engine_steps(args._engine, args.configs, args.fused_writes, args.steps)
     return vs_plain(args.configs, args.fused_writes, args.steps)
@@ -332,9 +338,12 @@ def host_steps(batch: int, tokens: int, configs: str) -> int:
 
 
 def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int = 300,
-                  fused_writes: str = "auto") -> int:
+                  fused_writes: str = "auto", device: str = "cpu", json_out: str | None = None) -> int:
     """Per app of the benchmark deployment: median host ms of the runtime's per-step work
-    (``update_requests``, ``fill``, ``snapshot`` / ``reads_of``) in a mixed and a decode step."""
+    (``update_requests``, ``fill``, ``snapshot`` / ``reads_of``) in a mixed and a decode step,
+    each phase on its own, and under cProfile (the second half of the steps) the functions
+    (torch's CUDA calls included) with the most self time per pair of steps (one mixed, one decode). ``device``: where the tables live; on ``cuda`` each step starts
+    after the device finished the previous one, so no wait for the device is counted."""
     from types import SimpleNamespace as NS
 
     import numpy as np
@@ -347,28 +356,33 @@ def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int =
     cfg = common.load_config(model_dir)
     apps = common.serving_apps(cfg, tempfile.mkdtemp(prefix="xmix-vecs-"))
     dep = parse_deployment(deploy(*apps, fused_writes=fused_writes)["xmix"])
-    st = XmixState.build(dep, cfg["num_hidden_layers"], cfg["hidden_size"], torch.device("cpu"), 8192, 257,
+    dev = torch.device(device)
+    st = XmixState.build(dep, cfg["num_hidden_layers"], cfg["hidden_size"], dev, 8192, 257,
                          vocab_size=cfg["vocab_size"], max_model_len=4096)
     st.fused_mode = True
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    phases = ("update", "fill", "reads")
 
     def sched(new, cached, finished=()):
         return NS(finished_req_ids=set(finished), preempted_req_ids=set(), scheduled_new_reqs=new,
                   scheduled_cached_reqs=NS(req_ids=list(cached), num_computed_tokens=[prompt + 10] * len(cached)))
 
     def step(new, cached, finished=(), tokens=None):
-        t = time.perf_counter()
+        sync()
+        t0 = time.perf_counter()
         st.update_requests(sched(new, cached, finished))
+        t1 = time.perf_counter()
         ids = [r.req_id for r in new] + list(cached)
         st.fill(ids, np.asarray(tokens if tokens is not None else [1] * len(ids)), n_padded=len(ids) + prompt)
+        t2 = time.perf_counter()
         st.snapshot()
         snap = st.pop_snapshot()
         if snap is not None:
             st.reads_of(snap)
-        return time.perf_counter() - t
+        t3 = time.perf_counter()
+        return (t3 - t0, t1 - t0, t2 - t1, t3 - t2)
 
-    print(f"{os.path.basename(model_dir.rstrip('/'))}: runtime host ms per step (mixed: 1 new request of "
-          f"{prompt} tokens + {running} decoding; decode: {running + 1} decoding; fused_writes={fused_writes})")
-    for app in [a.name for a in apps]:
+    def run(app, prof=None):
         live, mixed, dec = [], [], []
         for i in range(n):
             rid = f"{app}-{i}"
@@ -378,10 +392,36 @@ def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int =
                      prompt_token_ids=list(range(prompt)), num_computed_tokens=0)
             mixed.append(step([req], live, fin, [prompt] + [1] * len(live)))
             live.append(rid)
+            if prof is not None and i == n // 2:
+                prof.enable()
             dec.append(step([], live))
+        if prof is not None:
+            prof.disable()
         st.update_requests(sched([], [], live))  # the app's requests finish
         skip = min(50, n // 2)
-        print(f"  {app:12s} mixed {np.median(mixed[skip:]) * 1e3:6.3f}  decode {np.median(dec[skip:]) * 1e3:6.3f}")
+        med = lambda xs: [float(np.median([x[k] for x in xs[skip:]])) * 1e3 for k in range(4)]  # noqa: E731
+        return med(mixed), med(dec), n - n // 2
+
+    print(f"{os.path.basename(model_dir.rstrip('/'))}: runtime host ms per step (mixed: 1 new request of "
+          f"{prompt} tokens + {running} decoding; decode: {running + 1} decoding; fused_writes={fused_writes}; "
+          f"tables on {dev}): whole step (update / fill / reads)")
+    out = {"model": common.model_name(model_dir), "device": str(dev), "fused_writes": fused_writes,
+           "running": running, "prompt": prompt, "steps": n, "apps": {}}
+    for app in [a.name for a in apps]:
+        prof = cProfile.Profile()
+        mixed, dec, n_prof = run(app, prof)
+        stats = pstats.Stats(prof)
+        top = sorted(((v[2], f"{os.path.basename(k[0])}:{k[1]}({k[2]})") for k, v in stats.stats.items()),
+                     reverse=True)[:8]
+        out["apps"][app] = {"mixed_ms": dict(zip(("step",) + phases, mixed)),
+                            "decode_ms": dict(zip(("step",) + phases, dec)),
+                            "self_us_per_step_pair": {name: round(t / n_prof * 1e6, 2) for t, name in top}}
+        print(f"  {app:12s} mixed {mixed[0]:6.3f} ({' / '.join(f'{x:.3f}' for x in mixed[1:])})  "
+              f"decode {dec[0]:6.3f} ({' / '.join(f'{x:.3f}' for x in dec[1:])})")
+        print("      self us per mixed + decode step (cProfile): " + ", ".join(
+            f"{name} {us}" for name, us in list(out["apps"][app]["self_us_per_step_pair"].items())[:6]))
+    if json_out:
+        common.write_json(json_out, out)
     return 0
 
 
