@@ -21,7 +21,8 @@ with ``fused_writes="norm"`` (``kernels/add_rms_norm.py``), microseconds per lau
 ``inductor`` (the same arithmetic compiled by torch.compile: what plain vLLM's compiled graph
 runs), ``xmix_norm`` (the plugin's kernel without writes), ``xmix_off`` / ``xmix_on`` (one add
 entry, every token on the null slot / steered; ``xmix_on_w16`` / ``xmix_on_w4``: steered, launched with
-16 / 4 warps per program instead of 8).
+16 / 4 warps per program instead of 8), ``xmix_ablate_off`` / ``xmix_ablate`` (one projection
+entry with the row semantics, a directional ablation: null slot / on).
 """
 
 from __future__ import annotations
@@ -158,6 +159,10 @@ def bench_norm(T: int, D: int, layers: int, dtype, eps: float = 1e-5) -> dict:
     for name, slot, nw in (("xmix_off", 0, None), ("xmix_on", 1, None), ("xmix_on_w16", 1, 16), ("xmix_on_w4", 1, 4)):
         out[name] = timer(lambda: [add_rms_norm_triton(x, r, w, eps, toks[slot], coef, ent, kinds, values, vec, False,
                                                        num_warps=nw) for x, r in zip(xs, rs)])
+    proj = torch.ones(1, dtype=torch.int32, device="cuda")  # row semantics, a projection (directional ablation)
+    for name, slot in (("xmix_ablate_off", 0), ("xmix_ablate", 1)):
+        out[name] = timer(lambda: [add_rms_norm_triton(x, r, w, eps, toks[slot], coef, ent, proj, values, vec, True)
+                                   for x, r in zip(xs, rs)])
     return {k: round(v * 1e3 / layers, 2) for k, v in out.items()}
 
 
