@@ -125,7 +125,12 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     e = json.loads(open(lp).read())["models"][MODEL]["serve"]["inactive"]["rate=16"]
     assert e["mean_itl"] == {"ratio": 1.0, "min": round(5.0 / 5.1, 5), "max": 1.01, "n": 3}
     assert (e["commit"], e["date"]) == ("c3", "2026-12-03")
-    assert "aa_plain" not in json.loads(open(lp).read())["models"][MODEL]["serve"]  # calibration, no budget line
+    model = json.loads(open(lp).read())["models"][MODEL]
+    assert "aa_plain" not in model["serve"]  # calibration, no budget line
+    cal = model["calibration"]["aa_plain"]["rate=16"]  # the A/A pair: identical values, ratio 1 every round
+    assert cal["mean_itl"] == {"ratio": 1.0, "min": 1.0, "max": 1.0, "n": 3}
+    row = _row(open(md).read(), "aa_plain")
+    assert row.startswith(f"| {report.CALIBRATION} | aa_plain | +0.00% [+0.00, +0.00] |") and "no budget" in row
     assert "3 interleaved rounds" in e["workload"]
     assert e["throughput"]["ratio"] == 1.0 and "rate=inf" in json.loads(open(lp).read())["models"][MODEL][
         "serve"]["inactive"]  # the saturation entry stays

@@ -46,6 +46,8 @@ BUDGETS = (
 COLUMNS = ("mean_itl", "p99_itl", "mean_ttft", "throughput", "decode")
 LABELS = {"mean_itl": "mean ITL", "p99_itl": "P99 ITL", "mean_ttft": "mean TTFT", "throughput": "throughput",
           "decode": "decode step"}
+#: the row of an A/A configuration (latest.json ``calibration``)
+CALIBRATION = "Calibration: plain vLLM against itself (A/A)"
 #: start-up <= 1.5x plain; graph memory <= plain + 1 GiB
 STARTUP_MAX, GRAPH_EXTRA_GIB = 1.5, 1.0
 
@@ -239,6 +241,14 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
                 used.setdefault(_source_key(e), {}).setdefault(what, []).append(cfg)
             rows.append(f"| {label if i == 0 else ''} | {cfg} | " + " | ".join(cells[m] for m in COLUMNS)
                         + f" | {_status(verdicts, missing)} | {_measured(shown.values())} |")
+    for cfg in sorted(model.get("calibration", {})):  # the pair's offset without apps: read the lines beside it
+        entries = pick({"serve": model["calibration"]}, cfg)
+        cells, _, _ = _cells(entries, ("mean_itl", "p99_itl", "mean_ttft", "throughput"), 0.0)
+        for kind, (key, e) in entries.items():
+            what = {"latency": f"latency ({key.replace('=', ' ')})", "throughput": "throughput (saturation)"}[kind]
+            used.setdefault(_source_key(e), {}).setdefault(what, []).append(cfg)
+        rows.append(f"| {CALIBRATION} | {cfg} | " + " | ".join(cells[m] for m in COLUMNS)
+                    + f" | no budget: the noise floor | {_measured(entries.values())} |")
     dash = " | ".join("–" for _ in COLUMNS)
     def server_line(label: str, what: str, config: str, entry: dict | None, judge) -> None:
         """One row of a server-level line; ``judge(entry)`` -> (met, what was measured)."""
@@ -280,7 +290,9 @@ def render(data: dict) -> str:
     out = ["Latest measurement per budget line against plain vLLM 0.26 (the plugin not loaded) on one H200, "
            "bf16, dummy weights: the median ratio over rounds, [min, max] over rounds where there were several. "
            "Status: met / missed (the whole range inside / outside the bound) / unresolved (the range straddles "
-           "it); latency at the latest finite request rate, throughput at saturation.", ""]
+           "it); latency at the latest finite request rate, throughput at saturation. The calibration row, "
+           "where measured, is a second plain vLLM server measured the same way beside the lines: how far "
+           "two plain servers lie apart, the noise floor the lines are read against.", ""]
     for name in order:
         rows, notes = render_model(name, models[name])
         out += rows + notes + [""]

@@ -618,14 +618,16 @@ def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setu
               fused_writes: str | None = None, commit: str | None = None, date: str | None = None,
               source: str = "", title: str | None = None) -> str:
     """Per (rate, workload) and configuration: each metric's median ratio to vanilla and its
-    range over rounds, into latest.json (``serve[config]["rate=R"]``)."""
+    range over rounds, into latest.json (``serve[config]["rate=R"]``; an A/A configuration,
+    ``aa_plain`` / ``aa_empty``, under ``calibration[config]["rate=R"]``: how far plain vLLM
+    lies from itself beside these lines, whichever ``configs`` are named)."""
     done = []
     for (rate, group_title), by_config in common.serve_groups(runs).items():
         if rates is not None and rate not in rates:
             continue
         for cfg, stats in common.serve_ratios(by_config).items():
-            if (configs is not None and cfg not in configs) or cfg.startswith("aa_"):
-                continue  # an A/A line calibrates the pair; it is no budget line
+            if configs is not None and cfg not in configs and not cfg.startswith("aa_"):
+                continue
             rounds_ = [by_config[cfg][i] for i in sorted(by_config[cfg])]
             n = stats.pop("rounds")
             workload = f"{title or group_title}, rate {rate}, " + ("1 round" if n == 1 else f"{n} interleaved rounds")
@@ -638,7 +640,9 @@ def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setu
                 entry["setup"] = setup
             if source:
                 entry["source"] = source
-            common.update_latest(path, model, ("serve", cfg, f"rate={rate}"), entry)
+            # an A/A line (plain vLLM against itself) calibrates the pair: no budget line, kept apart
+            common.update_latest(path, model, ("calibration" if cfg.startswith("aa_") else "serve", cfg,
+                                               f"rate={rate}"), entry)
             done.append(f"{cfg}@{rate}")
     return f"latest.json ({path}): {model} serving {', '.join(done) or 'nothing (no paired vanilla rounds)'}"
 
