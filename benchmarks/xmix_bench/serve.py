@@ -36,7 +36,11 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   configuration ``aa_plain`` / ``aa_empty`` measures what the pair's offset is without apps.
   ``start --control`` keeps the normal pair and adds a third server, plain vLLM again
   (configuration ``aa_plain``, run right after vanilla in every round): each round then carries
-  its own A/A line (give each server ``--gpu-mem`` 0.3). A/A lines are not written to latest.json.
+  its own A/A line (give each server ``--gpu-mem`` 0.3). A/A lines go to latest.json's
+  ``calibration`` (a row of their own in the Current table, no budget line).
+  Every run also records the CPU time of the server's processes over the run
+  (``cpu_usage.CpuMeter``: the API server and the engine core, each busy fraction and its
+  busiest thread's), so a throughput line can be traced to the process that bounded it.
 * ``stop``: stops the two servers (SIGTERM to their process groups, then SIGKILL).
 * ``all``: start, rounds, stop in one process (the servers are stopped on exit and on SIGTERM).
 * ``summarize``: rebuilds summary.md / overhead.png from results.json.
@@ -68,6 +72,8 @@ import time
 import urllib.request
 
 from . import common
+from .cpu_usage import CpuMeter
+from .cpu_usage import summary as cpu_summary
 
 HELP = "serving A/B with `vllm bench serve`: plain vLLM vs the plugin, each app on every request"
 K_CONFIGS = (16, 256)
@@ -458,10 +464,12 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
         argv += ["--extra-body", json.dumps({"vllm_xargs": {"xmix": sel}})]
     common.XARGS_CYCLE = k_selections(int(sel[1:])) if isinstance(sel, str) else None
     common.RUN_MARK = f"t{run_mark}"  # a fresh first token: no prefix-cache hits across runs
+    meter = CpuMeter(server.pid)  # which of the server's processes was busy during the run
     try:
         res = common.bench_serve(argv)
     finally:
         common.XARGS_CYCLE = None
+    res["cpu"] = meter.stop()
     if res.get("completed", n) != n:
         raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
     res["timeline"] = timeline(res)
@@ -547,12 +555,12 @@ def rounds(args) -> int:
                 print(f"rate {rate} round {rnd if measured else 'warm-up'} {name}: itl {res['mean_itl_ms']:.3f} ms  "
                       f"tput {res['total_token_throughput']:.0f} tok/s  ttft p50 "
                       f"{tl.get('ttft_pct_ms', {}).get('p50', float('nan')):.2f} ms  stalls >= {tl.get('stall_ms')} ms: "
-                      f"{tl.get('stalls')} ({tl.get('stall_total_ms')} ms, longest {tl.get('stall_max_ms')})",
-                      flush=True)
+                      f"{tl.get('stalls')} ({tl.get('stall_total_ms')} ms, longest {tl.get('stall_max_ms')})  "
+                      f"cpu: {cpu_summary(res.get('cpu') or {})}", flush=True)
                 if measured:
                     runs.append({"rate": rate, "round": rnd, "config": name, "title": title, "commit": commit,
                                  "date": date, "result": {k: res[k] for k, _, _ in common.SERVE_METRICS},
-                                 "timeline": res.get("timeline", {})})
+                                 "timeline": res.get("timeline", {}), "cpu": res.get("cpu", {})})
                     common.write_json(res_path, runs)  # after every run: a cut command keeps its runs
     if profiled:  # where the time goes: vanilla vs each profiled configuration, same rate and prompts
         rate = rates[0]
@@ -662,6 +670,20 @@ def _latest_startup(path, st: dict) -> None:
                               "xmix_s": x["graph_s"], **base})
 
 
+def _cpu_cells(runs) -> str:
+    """summary.md's CPU cells of one configuration: per role (API server, engine core) the
+    median over rounds of its busy fraction and, in brackets, of its busiest thread's (1.00: one
+    core the whole run)."""
+    import numpy as np
+
+    cells = ""
+    for role in ("api_server", "engine_core"):
+        rs = [r["cpu"][role] for r in runs if (r.get("cpu") or {}).get(role)]
+        cells += (f" {np.median([x['busy'] for x in rs]):.2f} ({np.median([x['busiest_thread'] for x in rs]):.2f}) |"
+                  if rs else " - |")
+    return cells
+
+
 def summarize(runs: list[dict], out_dir: str) -> str:
     """summary.md (per workload and rate: metric medians and ratios to vanilla with a bootstrap
     95% CI over rounds, paired by round) and overhead.png."""
@@ -676,10 +698,13 @@ def summarize(runs: list[dict], out_dir: str) -> str:
         for rate in rates:
             by_config = groups[(rate, title)]
             base = by_config.get("vanilla", {})
+            has_cpu = any(r.get("cpu") for cur in by_config.values() for r in cur.values())
+            cpu_head = " API server CPU busy (busiest thread) | engine core CPU busy (busiest thread) |"
             lines += [f"## request rate {rate}", "",
                       "| config | " + " | ".join(f"{m[1]} (median)" for m in common.SERVE_METRICS) + " | "
-                      + " | ".join(f"{m[1]} ratio [95% CI]" for m in common.SERVE_METRICS) + " |",
-                      "|---" * (1 + 2 * len(common.SERVE_METRICS)) + "|"]
+                      + " | ".join(f"{m[1]} ratio [95% CI]" for m in common.SERVE_METRICS) + " |"
+                      + (cpu_head if has_cpu else ""),
+                      "|---" * (1 + 2 * len(common.SERVE_METRICS) + 2 * has_cpu) + "|"]
             for c, cur in by_config.items():
                 meds = [f"{np.median([r['result'][k] for r in cur.values()]):.2f}" for k, _, _ in common.SERVE_METRICS]
                 pairs = sorted(set(cur) & set(base))  # only rounds with both runs (a cut sweep keeps the rest)
@@ -692,7 +717,8 @@ def summarize(runs: list[dict], out_dir: str) -> str:
                                                   [base[i]["result"][key] for i in pairs])
                     ratios.append(f"{(med - 1) * 100:+.2f}% [{(lo - 1) * 100:+.2f}, {(hi - 1) * 100:+.2f}]")
                     plot.setdefault(f"{title}: rate {rate}", {}).setdefault(c, {})[label] = (med, lo, hi)
-                lines.append(f"| {c} | " + " | ".join(meds) + " | " + " | ".join(ratios) + " |")
+                lines.append(f"| {c} | " + " | ".join(meds) + " | " + " | ".join(ratios) + " |"
+                             + (_cpu_cells(cur.values()) if has_cpu else ""))
             lines.append("")
     text = "\n".join(lines)
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
