@@ -61,7 +61,8 @@ def test_meter_splits_cpu_time_between_api_server_and_engine_core():
     finally:
         p.stdin.close()
         p.wait(timeout=30)
-    api, engine, wall = cpu["api_server"], cpu["engine_core"], cpu["wall_s"]
+    api, engine, wall = cpu["api_server"], cpu["engine_core"], cpu["active_s"]
+    assert cpu["active_s"] == cpu["wall_s"]  # no active time given: the fractions are of the wall time
     # CPU seconds, not wall time: independent of how busy the machine is (the kernel counts
     # them in clock ticks of 10 ms, hence the slack below the burnt amounts)
     assert 0.28 <= api["cpu_s"] < 0.3 + 0.1, cpu
@@ -74,7 +75,27 @@ def test_meter_splits_cpu_time_between_api_server_and_engine_core():
 def test_meter_of_a_process_that_is_gone_reports_nothing():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
-    assert {k for k in CpuMeter(p.pid).stop() if k != "wall_s"} == set()
+    assert {k for k in CpuMeter(p.pid).stop() if not k.endswith("_s")} == set()
+
+
+def test_fractions_are_of_the_active_seconds_when_given():
+    p = subprocess.Popen([sys.executable, "-c", BURN + "import sys\nburn(0.3)\nsys.stdin.readline()"],
+                         stdin=subprocess.PIPE, text=True)
+    try:
+        meter = CpuMeter(p.pid)
+        import time
+
+        t = time.time()
+        while time.time() - t < 30:  # until the burn is done (its CPU time, not a wall-clock wait)
+            if meter.stop()["api_server"]["cpu_s"] >= 0.3:
+                break
+            time.sleep(0.05)
+        cpu = meter.stop(active_s=2.0)
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+    assert cpu["active_s"] == 2.0 and cpu["wall_s"] > 0
+    assert abs(cpu["api_server"]["busy"] - cpu["api_server"]["cpu_s"] / 2.0) < 0.001
 
 
 def test_summary_table_gives_median_busy_fractions_per_configuration(tmp_path):

@@ -55,20 +55,24 @@ def _times(root_pid: int) -> dict[int, tuple[str, float, dict[int, float]]]:
 class CpuMeter:
     """CPU time of process ``pid`` and its descendants between :meth:`__init__` and :meth:`stop`.
 
-    ``stop()`` returns ``{role: {"cpu_s": CPU seconds, "busy": cpu_s / wall seconds,
-    "busiest_thread": the largest fraction of the wall time one thread of a process of that
+    ``stop(active_s)`` returns ``{role: {"cpu_s": CPU seconds, "busy": cpu_s / active seconds,
+    "busiest_thread": the largest fraction of the active seconds one thread of a process of that
     role ran}}`` for the roles ``api_server`` (the root process), ``engine_core`` and ``other``
-    (processes present at both reads; a process started in between counts from 0), and
-    ``"wall_s"``. Raises nothing: a process that cannot be read is left out."""
+    (processes present at the second read; one started in between counts from 0), ``"wall_s"``
+    (between the reads) and ``"active_s"``: the seconds the fractions are of, ``active_s`` if
+    given (a benchmark's own duration, from its first request to its last answer: the client's
+    set-up before it, in which the server idles, would dilute them), else ``wall_s``. Raises
+    nothing: a process that cannot be read is left out."""
 
     def __init__(self, pid: int):
         self.pid = pid
         self._t0 = time.perf_counter()
         self._start = _times(pid)
 
-    def stop(self) -> dict:
+    def stop(self, active_s: float | None = None) -> dict:
         end = _times(self.pid)
-        wall = max(time.perf_counter() - self._t0, 1e-9)
+        wall_s = time.perf_counter() - self._t0
+        wall = max(active_s if active_s else wall_s, 1e-9)
         roles: dict[str, dict] = {}
         for pid, (role, cpu, threads) in end.items():
             _, cpu0, threads0 = self._start.get(pid, (role, 0.0, {}))
@@ -80,7 +84,7 @@ class CpuMeter:
             r["busy"] = r["cpu_s"] / wall
             for k in r:
                 r[k] = round(r[k], 3)
-        return {"wall_s": round(wall, 3), **roles}
+        return {"wall_s": round(wall_s, 3), "active_s": round(wall, 3), **roles}
 
 
 def summary(cpu: dict) -> str:

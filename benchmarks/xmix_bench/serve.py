@@ -469,7 +469,7 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
         res = common.bench_serve(argv)
     finally:
         common.XARGS_CYCLE = None
-    res["cpu"] = meter.stop()
+    res["cpu"] = meter.stop(active_s=res.get("duration"))  # fractions of the benchmark's own duration
     if res.get("completed", n) != n:
         raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
     res["timeline"] = timeline(res)
