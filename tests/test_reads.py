@@ -92,6 +92,21 @@ def test_reads_of_repeated_prompts_are_not_taken_from_the_prefix_cache(chunked, 
         close(o.mi_results["gen"]["capture"], x[len(LONG) - 1:], "gen")
 
 
+def test_a_stop_string_ends_the_request_with_all_its_values(chunked, hf):
+    """A stop string is matched in the front end, which ends the request there (the engine core
+    sends no final output): the values of a non-streamed request still come back, one per
+    processed position and equal to HF's, offline as over HTTP (same path)."""
+    free = chunked.generate([{"prompt_token_ids": LONG}], sp(["pr"], max_tokens=16), use_tqdm=False)[0]
+    text = free.outputs[0].text
+    stop = chunked.get_tokenizer().decode(list(free.outputs[0].token_ids)[6:8])  # text of tokens 6-7
+    assert stop and stop in text
+    o = chunked.generate([{"prompt_token_ids": LONG}], sp(["pr"], max_tokens=16, stop=[stop]), use_tqdm=False)[0]
+    assert o.outputs[0].finish_reason == "stop" and o.outputs[0].stop_reason == stop
+    assert len(o.outputs[0].token_ids) < 16
+    assert o.mi_results is not None, "a stop string must not drop the request's read values"
+    check_pr(o, LONG, hf)
+
+
 def test_streaming_outputs_grow_and_end_complete(chunked, hf):
     """With DELTA outputs (as the server streams) every RequestOutput carries the values so far;
     the final one has them all."""

@@ -251,6 +251,16 @@ def test_read_results_come_back_over_http(server, hf):
     x = hf.record(ids, [(2, "hook_resid_post")], app_deltas([{"name": "happy"}]))[(2, "hook_resid_post")]
     assert probe.shape == (len(ids),)
     np.testing.assert_allclose(probe, x.astype(np.float64) @ W + 0.5, rtol=1e-4, atol=1e-4)
+    # a stop string ends the request in the front end: its values still come back, complete
+    text = resp["choices"][0]["text"]
+    stop = text[len(text) // 2: len(text) // 2 + 3]  # (first met at the latest in the text's middle)
+    status, cut = complete(url, model, p, {"xmix": ["probe", "happy"]}, stop=[stop])
+    assert status == 200 and cut["choices"][0]["finish_reason"] == "stop", cut
+    ids = list(p) + tokens(cut)[:-1]
+    assert len(tokens(cut)) < N and ids == list(p) + toks[:len(ids) - len(p)]
+    probe = np.array(cut["kv_transfer_params"]["xmix_results"]["probe"]["probe"])
+    assert probe.shape == (len(ids),)
+    np.testing.assert_allclose(probe, x[:len(ids)].astype(np.float64) @ W + 0.5, rtol=1e-4, atol=1e-4)
 
 
 def _stream_of(chunks_per_output, n_prompt):

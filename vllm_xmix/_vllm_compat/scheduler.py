@@ -22,10 +22,14 @@ _FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 
 
 def _final_only(request) -> bool:
-    """Whether the front end turns only the request's final output into a ``RequestOutput``
-    (``RequestOutputKind.FINAL_ONLY``: offline ``generate`` and non-streaming server requests)."""
+    """Whether the request's read values can wait in the engine core for its final output: the
+    front end turns only that output into a ``RequestOutput``
+    (``RequestOutputKind.FINAL_ONLY``: offline ``generate`` and non-streaming server requests)
+    and the engine core sends it. A request with stop strings is ended by the front end (its
+    detokenizer matches them on an ordinary output, then aborts the request in the engine core,
+    which sends no final output), so its values travel with every output instead."""
     sp = getattr(request, "sampling_params", None)
-    return sp is not None and sp.output_kind == _FINAL_ONLY
+    return sp is not None and sp.output_kind == _FINAL_ONLY and not sp.stop
 
 
 def patch_scheduler() -> None:
