@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -83,8 +84,6 @@ def test_fractions_are_of_the_active_seconds_when_given():
                          stdin=subprocess.PIPE, text=True)
     try:
         meter = CpuMeter(p.pid)
-        import time
-
         t = time.time()
         while time.time() - t < 30:  # until the burn is done (its CPU time, not a wall-clock wait)
             if meter.stop()["api_server"]["cpu_s"] >= 0.3:

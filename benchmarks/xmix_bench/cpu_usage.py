@@ -8,9 +8,10 @@ loop is what requests wait for, and per-token work added there (the values of a 
 reads, spliced into every streamed chunk) costs throughput even though the GPU is not busier.
 
 :class:`CpuMeter` reads the processes' CPU times (user + system, all threads, via psutil) at the
-start and at the end of a run: per role, CPU seconds and the busy fraction of the run's wall
-time (1.0 = one core all the time), and for each process its busiest thread's fraction (a
-Python process's event loop is one thread: near 1.0 means that thread was the bottleneck).
+start and at the end of a run: per role, CPU seconds and the busy fraction of the run's active
+seconds (the benchmark's own duration where given, else the time between the reads; 1.0 = one
+core all the time), and for each process its busiest thread's fraction (a Python process's
+event loop is one thread: near 1.0 means that thread was the bottleneck).
 """
 
 from __future__ import annotations

@@ -342,8 +342,9 @@ def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int =
     """Per app of the benchmark deployment: median host ms of the runtime's per-step work
     (``update_requests``, ``fill``, ``snapshot`` / ``reads_of``) in a mixed and a decode step,
     each phase on its own, and under cProfile (the second half of the steps) the functions
-    (torch's CUDA calls included) with the most self time per pair of steps (one mixed, one decode). ``device``: where the tables live; on ``cuda`` each step starts
-    after the device finished the previous one, so no wait for the device is counted."""
+    (torch's CUDA calls included) with the most self time per pair of steps (one mixed, one
+    decode). ``device``: where the tables live; on ``cuda`` each step starts after the device
+    finished the previous one, so no wait for the device is counted."""
     from types import SimpleNamespace as NS
 
     import numpy as np
@@ -382,7 +383,7 @@ def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int =
         t3 = time.perf_counter()
         return (t3 - t0, t1 - t0, t2 - t1, t3 - t2)
 
-    def run(app, prof=None):
+    def run(app, prof):
         live, mixed, dec = [], [], []
         for i in range(n):
             rid = f"{app}-{i}"
@@ -392,11 +393,10 @@ def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int =
                      prompt_token_ids=list(range(prompt)), num_computed_tokens=0)
             mixed.append(step([req], live, fin, [prompt] + [1] * len(live)))
             live.append(rid)
-            if prof is not None and i == n // 2:
+            if i == n // 2:
                 prof.enable()
             dec.append(step([], live))
-        if prof is not None:
-            prof.disable()
+        prof.disable()
         st.update_requests(sched([], [], live))  # the app's requests finish
         skip = min(50, n // 2)
         med = lambda xs: [float(np.median([x[k] for x in xs[skip:]])) * 1e3 for k in range(4)]  # noqa: E731

@@ -235,18 +235,13 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
             shown = {k: v for k, v in entries.items() if (k == "latency" and set(LATENCY) & set(metrics))
                      or (k in metrics)}
             cells, verdicts, missing = _cells(shown, metrics, bound)
-            for kind, (key, e) in shown.items():
-                what = {"latency": f"latency ({key.replace('=', ' ')})", "throughput": "throughput (saturation)",
-                        "decode": "decode step"}[kind]
-                used.setdefault(_source_key(e), {}).setdefault(what, []).append(cfg)
+            _note_uses(used, shown, cfg)
             rows.append(f"| {label if i == 0 else ''} | {cfg} | " + " | ".join(cells[m] for m in COLUMNS)
                         + f" | {_status(verdicts, missing)} | {_measured(shown.values())} |")
     for cfg in sorted(model.get("calibration", {})):  # the pair's offset without apps: read the lines beside it
         entries = pick({"serve": model["calibration"]}, cfg)
         cells, _, _ = _cells(entries, ("mean_itl", "p99_itl", "mean_ttft", "throughput"), 0.0)
-        for kind, (key, e) in entries.items():
-            what = {"latency": f"latency ({key.replace('=', ' ')})", "throughput": "throughput (saturation)"}[kind]
-            used.setdefault(_source_key(e), {}).setdefault(what, []).append(cfg)
+        _note_uses(used, entries, cfg)
         rows.append(f"| {CALIBRATION} | {cfg} | " + " | ".join(cells[m] for m in COLUMNS)
                     + f" | no budget: the noise floor | {_measured(entries.values())} |")
     dash = " | ".join("–" for _ in COLUMNS)
@@ -277,6 +272,14 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
             line += f" Source: {source}."
         notes.append(line)
     return rows, notes
+
+
+def _note_uses(used: dict, entries: dict, cfg: str) -> None:
+    """Record under each entry's source what ``cfg``'s row took from it (the "Measured with" notes)."""
+    for kind, (key, e) in entries.items():
+        what = {"latency": f"latency ({key.replace('=', ' ')})", "throughput": "throughput (saturation)",
+                "decode": "decode step"}[kind]
+        used.setdefault(_source_key(e), {}).setdefault(what, []).append(cfg)
 
 
 def _source_key(e: dict) -> tuple:
