@@ -132,6 +132,49 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
     assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
 
 
+def post(url, path, body):
+    """(status, JSON answer or {}) of a JSON POST."""
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        raw = e.read() or b"{}"
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, {"raw": raw.decode(errors="replace")}
+
+
+def test_a_selection_on_a_route_apps_do_not_apply_to_is_http_400(server, hf):
+    """Routes other than completions and chat completions would run a request without its apps
+    (/v1/messages), or run it and drop its read values (/v1/responses, the chat batch route,
+    /inference/v1/generate): a selection there is refused, naming the field and the route; the
+    same bodies without a selection are not. A vllm_xargs.xmix object (vLLM's vllm_xargs takes
+    flat values) gets a message that says how to send it, not vLLM's validation dump."""
+    url, model = server
+    msgs = [{"role": "user", "content": "The cat sat on"}]
+    bodies = {"/v1/responses": {"model": model, "input": "The cat sat on", "max_output_tokens": N},
+              "/v1/chat/completions/batch": {"model": model, "messages": [msgs], "max_tokens": N},
+              "/v1/messages": {"model": model, "messages": msgs, "max_tokens": N},
+              "/inference/v1/generate": {"model": model, "token_ids": [1, 2, 3], "sampling_params": {"max_tokens": N}},
+              "/tokenize": {"model": model, "prompt": "The cat sat on"}}
+    for path, body in bodies.items():
+        for sel, field in (({"mi_apps": ["happy"]}, "mi_apps"), ({"vllm_xargs": {"xmix": ["probe"]}}, "vllm_xargs.xmix")):
+            status, resp = post(url, path, {**body, **sel})
+            assert status == 400, (path, sel, status, resp)
+            msg = resp["error"]["message"]
+            assert msg.startswith(f"{field}: apps apply on /v1/completions and /v1/chat/completions only") and path in msg
+        status, resp = post(url, path, body)  # vLLM's own answer, whatever it is for this model
+        assert "apps apply on" not in json.dumps(resp), (path, resp)
+    for xargs in ({"xmix": {"name": "happy"}}, {"xmix": [{"name": "happy", "scale": 6}]}):
+        status, resp = complete(url, model, PROMPTS[0], xargs)
+        assert status == 400 and resp["error"]["message"].startswith(
+            "vllm_xargs.xmix: got a") and "JSON text" in resp["error"]["message"], resp
+    status, resp = complete(url, model, PROMPTS[0], {"xmix": ["happy"]})
+    assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
+
+
 def test_chat_completions_with_apps(server, hf):
     """The tiny model ships a chat template: chat completions work out of the box, and select
     apps like completions (top-level mi_apps)."""

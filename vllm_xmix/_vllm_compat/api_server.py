@@ -9,6 +9,9 @@ on a running server (checks and bookkeeping:
 * ``POST /v1/mi/apps/{name}``: replace a deployed app's parameters;
 * ``POST /v1/mi/apps``: add an app into capacity the deployment reserved.
 
+and so that a request selecting apps on a route apps do not apply to is an HTTP 400 instead of
+running without them (:class:`SelectionRouteGuard`).
+
 The changing routes need a key (:func:`vllm_xmix.validation.admin.check_key`), are applied one at
 a time, and reach the workers through ``EngineClient.collective_rpc("xmix_admin", ...)``; the
 front end's request checks switch to the new apps once every worker applied the change."""
@@ -19,6 +22,7 @@ import functools
 import logging
 
 from ..validation.admin import AdminError, check_key, commit_change, list_apps, parse_body, prepare_change
+from ..validation.http import ADMIN_PREFIX, SELECTION_ROUTES, selection_off_route, xargs_type_error
 from .core import mark
 from .output_processor import live_versions
 
@@ -41,11 +45,59 @@ def patch_api_server() -> None:
         def register_vllm_serve_api_routers(app, *a, **kw):
             out = orig(app, *a, **kw)
             add_app_routes(app)
+            app.add_middleware(SelectionRouteGuard)
             return out
 
         return register_vllm_serve_api_routers
 
     mark("register_vllm_serve_api_routers", serve, "register_vllm_serve_api_routers", wrap)
+
+
+class SelectionRouteGuard:
+    """ASGI middleware on vLLM's API server: a JSON ``POST`` that selects apps (``mi_apps``,
+    ``vllm_xargs.xmix``) on a route other than ``/v1/completions`` and ``/v1/chat/completions``
+    (``/v1/responses``, ``/v1/messages``, ``/v1/chat/completions/batch``,
+    ``/inference/v1/generate``, ...) is answered with HTTP 400 naming the field and the route:
+    those routes would run the request without the apps, or without returning read values. On
+    the two routes apps apply to, a ``vllm_xargs.xmix`` of a type vLLM's request model rejects (an
+    object) gets a 400 that says how to send it, instead of vLLM's validation dump. The body is
+    read whole and handed on unchanged; other methods, content types and the ``/v1/mi/`` routes
+    pass through untouched."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") != "http" or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        path = scope.get("path") or ""
+        if path.startswith(ADMIN_PREFIX):
+            return await self.app(scope, receive, send)
+        ctype = next((v for k, v in scope.get("headers") or () if k == b"content-type"), b"")
+        if b"json" not in ctype.lower():
+            return await self.app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":  # the client went away: nothing to answer
+                return
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        on_route = path.rstrip("/") in SELECTION_ROUTES
+        err = xargs_type_error(body) if on_route else selection_off_route(path, body)
+        if err is not None:
+            return await _error(400, err)(scope, receive, send)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
 
 
 def _error(status: int, message: str):

@@ -18,6 +18,12 @@ from ..spec import CONFIG_KEY, XmixSpecError
 from .requests import _deployment_of, validate_selection
 
 BODY_FIELD = "mi_apps"
+#: the routes whose requests apps apply to (and whose responses carry read values)
+SELECTION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+#: the routes of apps on a running server (their bodies are apps, not selections)
+ADMIN_PREFIX = "/v1/mi/"
+#: the longest route path an error message repeats
+_MAX_ECHO = 80
 
 
 def _looks_like_selection(key: str) -> bool:
@@ -96,3 +102,60 @@ def http_precheck(serving, request, n_prompts: int = 1) -> str | None:
     except XmixSpecError as e:
         return str(e)
     return None
+
+
+def _json_body(body: bytes):
+    """The JSON object of a request body, or None (not JSON, not an object)."""
+    import msgspec
+
+    try:
+        data = msgspec.json.decode(body)
+    except (msgspec.DecodeError, ValueError):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return None
+    return data if isinstance(data, dict) else None
+
+
+def selection_off_route(path: str, body: bytes) -> str | None:
+    """For a POST to a route outside :data:`SELECTION_ROUTES` (and the ``/v1/mi/`` routes): the
+    error message if its JSON ``body`` selects apps (a top-level ``mi_apps`` field, or
+    ``vllm_xargs.xmix``), which that route would not apply (``/v1/messages``, the embedding
+    routes) or apply without returning read values (``/v1/responses``,
+    ``/v1/chat/completions/batch``, ``/inference/v1/generate``); else None. ``path``: the
+    request's URL path; ``body``: its raw bytes (parsed only if they mention a selection)."""
+    if BODY_FIELD.encode() not in body and CONFIG_KEY.encode() not in body:
+        return None
+    data = _json_body(body)
+    if data is None:
+        return None
+    xargs = data.get("vllm_xargs")
+    if BODY_FIELD in data:
+        field = BODY_FIELD
+    elif isinstance(xargs, dict) and CONFIG_KEY in xargs:
+        field = f"vllm_xargs.{CONFIG_KEY}"
+    else:
+        return None
+    route = path if len(path) <= _MAX_ECHO else path[:_MAX_ECHO] + "..."
+    return (f"{field}: apps apply on {' and '.join(SELECTION_ROUTES)} only; {route} would not apply them "
+            "or return their read values: send the request to one of those routes")
+
+
+def xargs_type_error(body: bytes) -> str | None:
+    """For a request to one of :data:`SELECTION_ROUTES`: the error message if its
+    ``vllm_xargs.xmix`` has a type vLLM's ``vllm_xargs`` does not take (an object, or a list
+    holding objects or lists: its values are strings, numbers and lists of those), which vLLM
+    would refuse with its request model's validation dump; else None."""
+    if b"vllm_xargs" not in body or CONFIG_KEY.encode() not in body:
+        return None
+    data = _json_body(body)
+    xargs = data.get("vllm_xargs") if data is not None else None
+    sel = xargs.get(CONFIG_KEY) if isinstance(xargs, dict) else None
+    flat = (str, int, float)
+    if sel is None or isinstance(sel, flat) or (isinstance(sel, list) and all(isinstance(x, flat) for x in sel)):
+        return None
+    got = "an object" if isinstance(sel, dict) else "a list holding objects or lists"
+    return (f"vllm_xargs.{CONFIG_KEY}: got {got}, but vLLM's vllm_xargs values are strings, numbers and "
+            f"lists of those: send app names, the selection list as JSON text (json.dumps of it), or a "
+            f"top-level \"{BODY_FIELD}\" field, which takes objects")
