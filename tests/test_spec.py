@@ -37,6 +37,44 @@ def test_json_round_trip_and_hash():
     assert parse_deployment(json.dumps(cfg["xmix"])).apps[0] == spec
 
 
+def test_hash_is_the_same_for_a_vector_inline_or_in_a_file(tmp_path):
+    """An app's identity is its values: the same vector inline, in a .npy, .safetensors or .pt
+    file gives one content hash (a request naming the app by its builder is not refused as
+    "differs from the deployed app"); other values, in a file or inline, give another; a file
+    rewritten with new values gives a new hash (the digest is not kept past a change)."""
+    from safetensors.numpy import save_file
+
+    from vllm_xmix.spec import check_request_against_deployment
+
+    v = unit_rms(3)
+    np.save(tmp_path / "v.npy", v)
+    save_file({"dir": v, "other": unit_rms(4)}, str(tmp_path / "v.safetensors"))
+    torch.save({"dir": torch.from_numpy(v.copy())}, tmp_path / "v.pt")
+    def keyed(path, key):
+        a = MIApp("a")
+        a.write("add", vector=str(path), key=key).layers([1, 2]).submodule("resid_post")
+        return a
+
+    hashes = {_app(v=f).content_hash() for f in (v, v.astype(np.float64).tolist(), str(tmp_path / "v.npy"))}
+    hashes |= {keyed(tmp_path / "v.safetensors", "dir").content_hash(), keyed(tmp_path / "v.pt", "dir").content_hash(),
+               parse_deployment({"apps": [{"name": "a", "ops": [{"primitive": "write", "kind": "add", "hook": "hook_resid_post",
+                   "layers": [1, 2], "vector": {"path": str(tmp_path / "v.npy")}}]}]}).apps[0].content_hash()}
+    assert len(hashes) == 1, hashes
+    assert keyed(tmp_path / "v.safetensors", "other").content_hash() not in hashes
+    assert _app(v=unit_rms(4)).content_hash() not in hashes
+    deployed = parse_deployment(deploy(_app(v=str(tmp_path / "v.npy")))["xmix"])
+    check_request_against_deployment(parse_request_apps([_app(v=v)]), deployed, 4)  # no "differs"
+    with pytest.raises(XmixSpecError, match="differs from the deployed app"):
+        check_request_against_deployment(parse_request_apps([_app(v=unit_rms(4))]), deployed, 4)
+    import os
+    import time
+
+    before = _app(v=str(tmp_path / "v.npy")).content_hash()
+    np.save(tmp_path / "v.npy", unit_rms(5))
+    os.utime(tmp_path / "v.npy", ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    assert _app(v=str(tmp_path / "v.npy")).content_hash() not in (before, *hashes)
+
+
 def test_layers_forms():
     assert MIApp("r").write("add", vector=unit_rms(0)).layers(range(3)).to_spec().ops[0].layers == [0, 1, 2]
     assert MIApp("i").write("add", vector=unit_rms(0)).layers(2).to_spec().ops[0].layers == [2]

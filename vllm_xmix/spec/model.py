@@ -530,9 +530,57 @@ class AppSpec(BaseModel):
                    for op in self.ops)
 
     def content_hash(self) -> str:
-        """sha256 (hex, 16 chars) of the canonical JSON: same name, different vector => different app."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """sha256 (hex, 16 chars) of the canonical JSON, each vector in it replaced by the digest
+        of its float32 values (how it is applied; :func:`vector_digest`): the same app whether a
+        vector is given inline or as a file, a different app for a different vector, name,
+        scale, layer, ...
+
+        Raises:
+            XmixSpecError: a vector file that cannot be read (:func:`~.vectors.load_vector`)."""
+        data = self.model_dump(mode="json")
+        for i, (op, d) in enumerate(zip(self.ops, data["ops"])):
+            ref = op.vector if op.primitive == "write" else op.weight
+            if ref is not None:
+                d["vector" if op.primitive == "write" else "weight"] = vector_digest(
+                    ref, f"{self.name}.ops.{i}.{'vector' if op.primitive == 'write' else 'weight'}")
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+#: digests of vector files already read: (path, key, size, mtime) -> digest
+_FILE_DIGESTS: dict[tuple, str] = {}
+
+
+def vector_digest(ref, field: str) -> str:
+    """``"sha256:<hex>"`` of a vector's values as float32 (shape and bytes; ``-inf`` entries of
+    router masks included), for an inline list or a :class:`VectorFile` alike. A file's digest
+    is kept per (path, key, size, modification time), so a request naming an app by its builder
+    does not read the file again.
+
+    Raises:
+        XmixSpecError: the file cannot be read or holds no real 1-D vector."""
+    import os
+
+    from .vectors import load_vector
+
+    stamp = None
+    if isinstance(ref, VectorFile):
+        try:
+            st = os.stat(os.path.expanduser(ref.path))
+            stamp = (os.path.abspath(os.path.expanduser(ref.path)), ref.key, st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = None  # load_vector names the problem
+        if stamp is not None and stamp in _FILE_DIGESTS:
+            return _FILE_DIGESTS[stamp]
+    arr = np.ascontiguousarray(load_vector(ref, field, allow_neg_inf=True), dtype=np.float32)
+    h = hashlib.sha256(str(arr.shape).encode())
+    h.update(arr.tobytes())
+    digest = "sha256:" + h.hexdigest()
+    if stamp is not None:
+        if len(_FILE_DIGESTS) > 256:
+            _FILE_DIGESTS.clear()
+        _FILE_DIGESTS[stamp] = digest
+    return digest
 
 
 #: the op kinds a deployment can reserve entries for (apps added on a running server): the kinds
