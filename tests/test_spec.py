@@ -185,6 +185,32 @@ def test_probe_weights_from_files_checked_against_the_model(tmp_path):
         validate_deployment(parse_deployment(dep(router)["xmix"]), 4, 64, n_experts=4)
 
 
+def test_a_read_weight_whose_dot_product_can_overflow_is_refused():
+    """A probe / cosine weight of 1e37 entries passes every per-entry check (finite in float32),
+    but its float32 dot product with an ordinary activation is inf, so its scores would be
+    inf/NaN and its triggers never fire: refused by norm when the deployment is validated. The
+    largest accepted norm keeps the dot product finite for any activation the next RMSNorm can
+    still normalise."""
+    from vllm_xmix.spec import parse_deployment, validate_deployment
+    from vllm_xmix.spec.vectors import MAX_READ_WEIGHT_NORM
+
+    x = np.full(64, 10.0, np.float32)  # an ordinary activation
+    for kind in ("linear_probe", "cosine"):
+        big = np.full(64, 1e37, np.float32)
+        with np.errstate(over="ignore"):
+            assert not np.isfinite(np.dot(big, x))  # what the read would compute
+        a = MIApp("p")
+        a.read(kind, weight=big, name="r").layers([1])
+        with pytest.raises(XmixSpecError, match=r"ops\.0\.weight: norm 8e\+37 is too large: .* overflow float32"):
+            validate_deployment(parse_deployment(deploy(a)["xmix"]), 4, 64)
+    edge = np.full(64, MAX_READ_WEIGHT_NORM / 8 * 0.999, np.float32)  # norm just inside the bound
+    ok = MIApp("p")
+    ok.read("linear_probe", weight=edge).layers([1])
+    validate_deployment(parse_deployment(deploy(ok)["xmix"]), 4, 64)
+    worst = np.full(64, np.sqrt(np.finfo(np.float32).max) / 8 * 0.999, np.float32)  # stream norm at the bound
+    assert np.isfinite(np.dot(edge, worst))
+
+
 def test_builder_refuses_a_second_layers_submodule_or_cond_on_one_op():
     """A second call would silently replace the first (a user may mean both predicates)."""
     for chain, method in ((lambda op: op.layers([1]).layers([2]), "layers"),

@@ -146,10 +146,17 @@ def _check_width(vec: np.ndarray, hook: str, width: int, field: str) -> None:
         raise XmixSpecError(f"{field}: length {vec.shape[0]} != {what} {width} of this model")
 
 
+#: largest L2 norm of a read's weight: with a residual stream the next RMSNorm's float32 sum of
+#: squares can hold (norm <= sqrt(float32 max)), the float32 dot product stays below float32 max / 256
+MAX_READ_WEIGHT_NORM = float(np.sqrt(np.finfo(np.float32).max)) / 256
+
+
 def load_op_vector(op: WriteOp | ReadOp, field: str, d_model: int, n_experts: int | None) -> np.ndarray:
     """Load one op's vector (float32, as stored) and check it against the model: length
     ``d_model`` (``n_experts`` for ``router_bias`` and for reads at the router logits), a
-    direction for ablate/clamp, safe masks. A capture has no vector: zeros of the hook's width.
+    direction for ablate/clamp, safe masks, a read's weight norm at most
+    :data:`MAX_READ_WEIGHT_NORM` (its float32 dot product with the stream stays finite). A
+    capture has no vector: zeros of the hook's width.
 
     Raises:
         XmixSpecError: naming the field.
@@ -162,6 +169,13 @@ def load_op_vector(op: WriteOp | ReadOp, field: str, d_model: int, n_experts: in
         if op.kind == "cosine" and not np.any(w):
             raise XmixSpecError(f"{field}.weight: zero vector has no direction for a cosine similarity")
         _check_width(w, op.hook, width, field + ".weight")
+        norm = float(np.linalg.norm(w.astype(np.float64)))
+        if norm > MAX_READ_WEIGHT_NORM:
+            raise XmixSpecError(
+                f"{field}.weight: norm {norm:.3g} is too large: its dot product with an activation the next RMSNorm "
+                f"can still normalise (norm up to sqrt(float32 max) = {np.sqrt(float(np.finfo(np.float32).max)):.3g}) "
+                f"could overflow float32, giving inf/NaN {op.kind} values (and triggers that never fire); keep the "
+                f"norm at most {MAX_READ_WEIGHT_NORM:.3g}")
         return w
     vec = load_vector(op.vector, field + ".vector", allow_neg_inf=op.kind == "router_bias")
     if op.kind == "router_bias":
