@@ -274,3 +274,38 @@ def test_integers_beyond_float_range_are_refused_by_field():
                         "on": {"threshold": huge}}, "on.threshold")):
         with pytest.raises(XmixSpecError, match=rf"apps\.0\.ops\.0\.{field}.*beyond float range"):
             parse_deployment({"apps": [{"name": "a", "ops": [op]}]})
+
+
+def test_short_forms_and_refusals_a_user_meets_first(tmp_path):
+    """What a first user writes: a deployment file's ``vector: v.npy`` (a path, relative to the
+    file) and the same string in JSON; a request's ``"layers": "all"`` (as the builder takes it);
+    and what is refused clearly: an unknown name echoed in full whatever its size, ``deploy()``
+    with no apps, a list of apps passed as one argument."""
+    from vllm_xmix.cli import load_deployment_file
+    from vllm_xmix.spec import check_request_against_deployment
+
+    np.save(tmp_path / "v.npy", unit_rms(7))
+    (tmp_path / "apps.yaml").write_text(
+        "apps:\n- name: happy\n  ops:\n  - {primitive: write, kind: add, hook: hook_resid_post, layers: [1, 2], vector: v.npy}\n")
+    dep = parse_deployment(load_deployment_file(str(tmp_path / "apps.yaml")))
+    assert dep.apps[0].ops[0].vector == VectorFile(path=str(tmp_path / "v.npy"))
+    assert dep.apps[0].content_hash() == _app("happy", v=unit_rms(7)).content_hash()
+    js = parse_deployment(json.dumps({"apps": [{"name": "p", "ops": [
+        {"primitive": "read", "kind": "linear_probe", "layers": [1], "weight": str(tmp_path / "v.npy")}]}]}))
+    assert js.apps[0].ops[0].weight == VectorFile(path=str(tmp_path / "v.npy"))
+
+    (ra,) = parse_request_apps([{"name": "happy", "layers": "all"}])
+    assert ra.layers is None
+    check_request_against_deployment([ra], dep, 4)
+    with pytest.raises(XmixSpecError, match="mi_apps.0..layers"):
+        parse_request_apps([{"name": "happy", "layers": "some"}])
+
+    long = "x" * 100_000
+    with pytest.raises(XmixSpecError) as e:
+        check_request_against_deployment(parse_request_apps([long]), dep, 4)
+    assert "(100000 characters)" in str(e.value) and len(str(e.value)) < 400, len(str(e.value))
+
+    with pytest.raises(XmixSpecError, match="deploy: no apps given"):
+        deploy()
+    with pytest.raises(XmixSpecError, match=r"deploy: argument 0 is a list of 1; pass the apps as arguments"):
+        deploy([_app()])

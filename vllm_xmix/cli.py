@@ -78,6 +78,8 @@ def load_deployment_file(path: str) -> dict:
         for op in (app.get("ops") or []) if isinstance(app, dict) else []:
             for key in ("vector", "weight"):
                 v = op.get(key) if isinstance(op, dict) else None
+                if isinstance(v, str):  # the short form of {path: ...}
+                    v = op[key] = {"path": v}
                 if isinstance(v, dict) and isinstance(v.get("path"), str) and not os.path.isabs(v["path"]):
                     op[key] = {**v, "path": os.path.join(base, v["path"])}
     try:

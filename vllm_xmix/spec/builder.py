@@ -201,10 +201,17 @@ def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict, fused_writes: str = "auto
     kernel, only in the graph variants where their apps are on.
 
     Raises:
-        XmixSpecError: for an invalid app or ``fused_writes`` (the message names the field).
+        XmixSpecError: for an invalid app or ``fused_writes`` (the message names the field); no
+            apps (an engine that would start with nothing to switch on); a list of apps given as
+            one argument.
     """
+    if not apps:
+        raise XmixSpecError("deploy: no apps given; pass the apps to deploy, e.g. deploy(happy, probe)")
     specs = []
-    for a in apps:
+    for i, a in enumerate(apps):
+        if isinstance(a, (list, tuple)):
+            raise XmixSpecError(f"deploy: argument {i} is a {type(a).__name__} of {len(a)}; pass the apps as "
+                                "arguments, deploy(*apps)")
         if isinstance(a, (MIApp, _OpBuilder)):  # MIApp("x").write(...).layers(...) chains end on an op
             specs.append(a.to_spec())
         elif isinstance(a, AppSpec):

@@ -71,7 +71,11 @@ def _finite_number(v) -> float:
 
 def _number_list(v, *, neg_inf: bool):
     """An inline vector: a non-empty list/tuple of finite numbers, ``-inf`` entries kept with
-    ``neg_inf``; anything else (a :class:`VectorFile`) is left to the field's type."""
+    ``neg_inf``; a string is a file path (``vector: dirs/happy.npy`` in a deployment file, the
+    short form of ``{path: ...}``); anything else (a :class:`VectorFile`) is left to the field's
+    type."""
+    if isinstance(v, str):
+        return {"path": v}
     if not isinstance(v, (list, tuple)):
         return v
     if len(v) == 0:
@@ -736,6 +740,13 @@ class DeploymentConfig(BaseModel):
         raise KeyError(name)
 
 
+def _request_layers(v) -> list[int] | None:
+    """A request's layers: a list of layer indices, or ``"all"`` (None: the app's deployed layers)."""
+    if v == "all":
+        return None
+    return _layer_list(v)
+
+
 class RequestApp(BaseModel):
     """One app switched on for one request.
 
@@ -743,13 +754,14 @@ class RequestApp(BaseModel):
         name: a deployed app's name.
         scale: coefficient for every op of the app (default: the op's deployed ``scale``);
             a finite float (``bool`` and strings are rejected).
-        layers: optional subset of the app's deployed layers to apply on this request.
+        layers: optional subset of the app's deployed layers to apply on this request
+            (``"all"``: every deployed layer, the same as leaving it out).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
     name: str
     scale: OptionalFiniteFloat = None
-    layers: Annotated[Union[list[int], None], BeforeValidator(_optional(_layer_list))] = None
+    layers: Annotated[Union[list[int], None], BeforeValidator(_optional(_request_layers))] = None
     #: content hash of the app the caller meant (set when an ``MIApp`` is passed); checked
     #: against the deployed app of that name when the request is added
     hash: str | None = None

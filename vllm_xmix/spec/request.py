@@ -59,10 +59,22 @@ def parse_request_apps(raw: Any, field: str = "mi_apps") -> list[RequestApp]:
         else:
             raise XmixSpecError(f"{f}: expected an app name or {{'name': ..., 'scale': ...}}, got {type(it).__name__}")
         if ra.name in seen:
-            raise XmixSpecError(f"{f}.name: app {ra.name!r} listed twice")
+            raise XmixSpecError(f"{f}.name: app {short_name(ra.name)} listed twice")
         seen.add(ra.name)
         out.append(ra)
     return out
+
+
+#: the longest app name an error message repeats whole
+MAX_NAME_ECHO = 64
+
+
+def short_name(name: str) -> str:
+    """``repr(name)``, shortened to :data:`MAX_NAME_ECHO` characters with its length said (a
+    request's unknown name is echoed in its error, and a client may send any string)."""
+    if len(name) <= MAX_NAME_ECHO:
+        return repr(name)
+    return f"{name[:MAX_NAME_ECHO]!r}... ({len(name)} characters)"
 
 
 def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConfig, n_layers: int,
@@ -75,7 +87,8 @@ def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConf
             app = dep.app(ra.name)
         except KeyError:
             raise XmixSpecError(
-                f"{field}[{i}].name: unknown app {ra.name!r}; deployed apps: {names or 'none (no additional_config.xmix)'}"
+                f"{field}[{i}].name: unknown app {short_name(ra.name)}; deployed apps: "
+                f"{names or 'none (no additional_config.xmix)'}"
             ) from None
         if ra.scale is not None and ra.scale < 0 and any(
                 op.kind == "router_bias" and isinstance(op.vector, list) and any(math.isinf(x) for x in op.vector)
