@@ -141,3 +141,26 @@ def test_architecture_unserved_on_this_vllm_refused():
             args.create_engine_config()
     else:
         assert args.create_engine_config().additional_config["xmix"]
+
+
+def test_plugin_env_vars_pass_vllms_environment_check():
+    """vLLM checks every VLLM_* variable against its table when an engine is configured: the
+    plugin's must neither be warned about nor, with --fail-on-environ-validation, stop the engine;
+    the admin key's value never enters the compile cache key (the graph settings' values do)."""
+    code = (
+        "import vllm.envs as envs\n"
+        "try:\n"
+        "    envs.validate_environ(True)\n"
+        "    raise SystemExit('vLLM accepted an unknown variable: the check is not what this test assumes')\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()\n"
+        "envs.validate_environ(True)\n"
+        "f = repr(envs.compile_factors())\n"
+        "assert 's3cr3t-key' not in f, 'admin key in the compile factors'\n"
+        "assert 'onoff' in f, 'graph setting missing from the compile factors'\n"
+        "print('OK')\n")
+    env = {**__import__("os").environ, "VLLM_XMIX_ADMIN_KEY": "s3cr3t-key", "VLLM_XMIX_PIECEWISE_VARIANTS": "onoff"}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]

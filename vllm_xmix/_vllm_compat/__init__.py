@@ -32,7 +32,9 @@ as ``__wrapped__``), is applied once (:func:`apply_patches` is idempotent) and i
 * :mod:`.worker` -- ``WorkerBase.xmix_admin``: an app change applied on each worker, reached
   through ``collective_rpc``;
 * :mod:`.args_log` -- the logger of ``log_non_default_args``: a deployment's inline vectors are
-  shortened in the start-up line.
+  shortened in the start-up line;
+* :mod:`.envs` -- ``vllm.envs.environment_variables``: the plugin's ``VLLM_XMIX_*`` variables are
+  known to vLLM's environment check.
 
 Not a patch: :mod:`.introspection` is a vLLM worker extension (``worker_extension_cls``) with one
 read-only call, ``xmix_counts``, for tests and debugging.
@@ -51,6 +53,7 @@ def apply_patches() -> list[str]:
     """Apply every patch (idempotent); returns the names of what is patched."""
     from .api_server import patch_api_server
     from .args_log import patch_args_log
+    from .envs import patch_envs
     from .engine_args import patch_engine_args
     from .graph_capture import patch_graph_variants
     from .input_processor import patch_input_processor
@@ -73,6 +76,8 @@ def apply_patches() -> list[str]:
     patch_api_server()
     patch_worker()
     patch_args_log()
+    if patch_envs():
+        _PATCHED.append("vllm.envs.environment_variables")
     return list(_PATCHED)
 
 
