@@ -38,7 +38,8 @@ from .model import (RESERVE_KINDS, AppSpec, Cond, DeploymentConfig, Layers, Numb
 from .names import (CAPTURE_POSITIONS, CONFIG_KEY, KNOWN_HOOKS, KNOWN_READ_KINDS, KNOWN_WRITE_KINDS, ROUTER_HOOK,
                     SUPPORTED_HOOKS, SUPPORTED_WRITE_KINDS)
 from .request import check_request_against_deployment, check_router_masks, parse_request_apps, request_to_wire
-from .vectors import hook_width, load_op_vector, load_vector
+from .vector_files import load_vector
+from .vectors import hook_width, load_op_vector
 
 __all__ = [
     # errors, names

@@ -13,7 +13,7 @@ from .deployment import parse_deployment
 from .errors import XmixSpecError, _validated
 from .model import AppSpec
 from .names import CONFIG_KEY, KNOWN_READ_KINDS, _hook_name
-from .vectors import _tensor_to_numpy
+from .vector_files import _tensor_to_numpy
 
 
 class _OpBuilder:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import numbers
+import os
 import re
 from typing import Annotated, Any, Literal, Union
 
@@ -22,6 +23,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 
 from .names import (CAPTURE_POSITIONS, KNOWN_READ_KINDS, KNOWN_WRITE_KINDS, ROUTER_HOOK, SUPPORTED_HOOKS,
                     SUPPORTED_WRITE_KINDS, _hook_name)
+from .vector_files import load_vector
 
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
@@ -563,10 +565,6 @@ def vector_digest(ref, field: str) -> str:
 
     Raises:
         XmixSpecError: the file cannot be read or holds no real 1-D vector."""
-    import os
-
-    from .vectors import load_vector
-
     stamp = None
     if isinstance(ref, VectorFile):
         try:
