@@ -24,4 +24,5 @@ def test_demo_main_job(tmp_path):
     assert "CAST decided by style: True" in out
     assert out.count("-> steered") == 3 and out.count("-> left alone") == 3
     assert png.stat().st_size > 10_000
+    assert "   plugin: vllm_xmix " in out and " registered on vLLM " in out  # the README's check that it loaded
     assert "'vector': [" not in out  # the deployment's vectors are not dumped into the demo's screen

@@ -110,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
             probe.app("style_probe", LAYER),
             cast(cond, COND_LAYER, thr, -caa, [LAYER], report=True, name="code_to_prose")]
     llm = LLM(**_engine_kwargs(model, args.eager), additional_config=deploy(*apps))
+    from . import __version__
+    from ._vllm_compat import vllm_version
+    from ._vllm_compat.core import _PATCHED
+
+    print(f"   plugin: vllm_xmix {__version__} registered on vLLM {vllm_version()} "
+          f"({len(_PATCHED)} patches; the engine checked the deployment of {len(apps)} apps)")
 
     def sample(prompts, sel, n):
         sps = [SamplingParams(temperature=0.8, max_tokens=args.max_tokens, seed=i, mi_apps=sel or None)
