@@ -239,3 +239,18 @@ def test_serving_timeline_counts_the_gaps_in_which_no_request_got_a_token():
     assert (tl["stalls"], tl["stall_total_ms"], tl["stall_max_ms"]) == (2, 85.0, 50.0)
     assert tl["ttft_pct_ms"]["p50"] == 20.0 and tl["ttfts_ms"] == [20.0, 30.0, 10.0]
     assert timeline({"start_times": [], "ttfts": [], "itls": []}) == {}
+
+
+def test_steps_pairs_each_requests_ttft_with_the_first_configuration():
+    """`steps` sends every configuration of a round the same arrivals: a request's TTFT minus its
+    TTFT under the first configuration, median over requests, per round; requests without a
+    first token on either side are left out."""
+    from benchmarks.xmix_bench.steps import _pair_ttfts, summary
+
+    per = {"inactive": [{"ttfts_ms": [10.0, 20.0, 30.0, 40.0]}, {"ttfts_ms": [5.0, 5.0, 5.0]}],
+           "ablate_all": [{"ttfts_ms": [12.0, 25.0, 29.0, None]}, {"ttfts_ms": [6.0, 9.0, 5.5]}]}
+    _pair_ttfts(per, "inactive")
+    assert [r["ttft_paired_ms"] for r in per["inactive"]] == [0.0, 0.0]
+    assert [r["ttft_paired_ms"] for r in per["ablate_all"]] == [2.0, 1.0]  # medians of (2, 5, -1) and (1, 4, 0.5)
+    runs = [{**r, "steps": {}} for r in per["ablate_all"]]
+    assert summary(runs)["ttft_paired_ms"] == 1.5

@@ -14,7 +14,10 @@ turn, ``--rounds`` times interleaved, each round with the same arrivals for ever
 
 Per configuration (medians over requests, then over rounds):
 
-* ``ttft_ms``: arrival to the end of the ``step()`` that returned the request's first token;
+* ``ttft_ms``: arrival to the end of the ``step()`` that returned the request's first token
+  (``ttfts_ms``: per request, in arrival order); ``ttft_paired_ms``: the median over requests of
+  a request's TTFT minus its TTFT under the engine's first configuration in the same round (same
+  arrivals), the shift of a typical request, which rounds' own spread does not hide;
   ``itl_ms``: per request, (last token - first token) / (tokens - 1); ``p99_itl_ms``: 99th
   percentile of the gaps between a request's consecutive token arrivals;
 * per kind of step (``mixed``: some prompt tokens scheduled, split into ``mixed_graph`` and
@@ -269,6 +272,8 @@ def _run_once(eng, timers: _Timers, name: str, arrivals, output_len: int, sp, ca
     if short:
         raise RuntimeError(f"steps: {len(short)} requests of {name} ended with a token count other than {output_len}")
     res = {"ttft_ms": float(np.median(ttft) * 1e3), "ttft_mean_ms": float(np.mean(ttft) * 1e3),
+           # per request in arrival order: every configuration of a round has the same arrivals
+           "ttfts_ms": [round((first[r] - add[r]) * 1e3, 3) if r in first else None for r in add],
            "itl_ms": float(np.mean(itl) * 1e3), "p99_itl_ms": float(np.percentile(gaps, 99) * 1e3),
            "wall_s": time.perf_counter() - t0, "steps": {}}
     kinds = _kinds(steps, cap)
@@ -490,9 +495,24 @@ def engine(args) -> int:
                 traced[name] = r
             elif rnd:
                 per[name].append(r)
+    _pair_ttfts(per, names[0])
     common.write_json(args.out, {"engine": args._engine, "startup_s": startup, "configs": per, "traced": traced,
                                  "cudagraph_capture_max": cap, "info": common.engine_info(llm)})
     return 0
+
+
+def _pair_ttfts(per: dict[str, list[dict]], base: str) -> None:
+    """Per configuration and round, ``ttft_paired_ms``: the median over requests of the
+    request's TTFT minus the same request's TTFT under ``base`` (the engine's first
+    configuration) in that round (the same arrival time and prompt length): a shift of most
+    requests shows there even when rounds move the medians by more."""
+    import numpy as np
+
+    for name, runs in per.items():
+        for r, b in zip(runs, per.get(base, [])):
+            d = [x - y for x, y in zip(r.get("ttfts_ms") or [], b.get("ttfts_ms") or [])
+                 if x is not None and y is not None]
+            r["ttft_paired_ms"] = float(np.median(d)) if d else None
 
 
 # ------------------------------------------------------------------------------ the table
@@ -506,7 +526,7 @@ def _med(xs):
 def summary(runs: list[dict]) -> dict:
     """Medians over rounds of one configuration's numbers (flattened: ``mixed.step_ms`` ...)."""
     out = {}
-    for key in ("ttft_ms", "ttft_mean_ms", "itl_ms", "p99_itl_ms", "gc_ms_total", "step_ms_max"):
+    for key in ("ttft_ms", "ttft_mean_ms", "ttft_paired_ms", "itl_ms", "p99_itl_ms", "gc_ms_total", "step_ms_max"):
         out[key] = _med([r.get(key) for r in runs])
     for kind in KINDS:
         for key in ["n", "tokens", "step_ms", "device_ms"] + [f"{p}_ms" for p in PHASES]:
@@ -516,7 +536,7 @@ def summary(runs: list[dict]) -> dict:
 
 def table(res: dict) -> str:
     plain = summary(res["engines"]["plain"]["configs"]["plain"])
-    cols = ["ttft_ms", "itl_ms", "p99_itl_ms", "gc_ms_total", "step_ms_max", "mixed.step_ms", "mixed.device_ms", "mixed.execute_model_ms",
+    cols = ["ttft_ms", "ttft_paired_ms", "itl_ms", "p99_itl_ms", "gc_ms_total", "step_ms_max", "mixed.step_ms", "mixed.device_ms", "mixed.execute_model_ms",
             "mixed_graph.n", "mixed_graph.execute_model_ms", "mixed_eager.n", "mixed_eager.execute_model_ms",
             "decode.step_ms", "decode.device_ms", "decode.execute_model_ms"]
     lines = [f"{res['model']}, rate {res['settings']['rate']}/s, {res['settings']['num_prompts']} prompts x "
