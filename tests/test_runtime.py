@@ -185,8 +185,7 @@ def test_fused_writes_setting_chooses_what_the_graph_applies():
     projection); "all" also fuses the ablation (its site has only unconditional writes; the
     clamp shares a site with a conditional write); "none" (the default) fuses nothing and
     steer_all gets a variant of its own. A bad value names the field."""
-    from vllm_xmix import deploy
-    from vllm_xmix import XmixSpecError
+    from vllm_xmix import MIApp, XmixSpecError, deploy
 
     names = {}
     for mode in ("adds", "all", "none"):
@@ -202,7 +201,7 @@ def test_fused_writes_setting_chooses_what_the_graph_applies():
     assert names["all"] == (sorted(posts + ["blocks.2.hook_resid_pre"]), [], [])
     assert names["none"] == ([], ["blocks.2.hook_resid_pre"], posts)
     with pytest.raises(XmixSpecError, match=r"xmix\.fused_writes: Input should be 'adds', 'all', 'auto', 'none' or 'norm' \(got 'ALL'\)"):
-        deploy(fused_writes="ALL")
+        deploy(MIApp("steer").write("add", vector=unit_rms(0)).layers([1]), fused_writes="ALL")
 
 
 def test_per_token_fused_coefficients_follow_the_step():
