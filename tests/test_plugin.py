@@ -163,6 +163,11 @@ def test_plugin_env_vars_pass_vllms_environment_check():
         "assert 's3cr3t-key' not in f, 'admin key in the compile factors'\n"
         "assert 'onoff' in f, 'graph setting missing from the compile factors'\n"
         "print('OK')\n")
-    env = {**__import__("os").environ, "VLLM_XMIX_ADMIN_KEY": "s3cr3t-key", "VLLM_XMIX_PIECEWISE_VARIANTS": "onoff"}
+    import os
+
+    # only the plugin's VLLM_* variables (engines of earlier tests in this process leave vLLM's own
+    # internal ones, e.g. VLLM_DIST_IDENT, which its check does not know either)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update(VLLM_XMIX_ADMIN_KEY="s3cr3t-key", VLLM_XMIX_PIECEWISE_VARIANTS="onoff")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "OK" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
