@@ -66,7 +66,7 @@ def test_apps_validate_checks_against_the_model_config(tiny_llama, tmp_path, cap
     assert "no such model folder" in capsys.readouterr().err
 
 
-@pytest.mark.one_version  # (the server path runs on every version in test_serve.py)
+@pytest.mark.one_version  # (its log checks read vLLM 0.26's lines; the server path runs on both in test_serve.py)
 def test_serve_with_a_deployment_file(tiny_llama, tmp_path, hf):
     """`vllm-xmix serve MODEL --apps FILE` starts vLLM's OpenAI server with the file's apps; a
     request selects them with a top-level mi_apps field and gets HF's steered tokens. The file's
@@ -112,3 +112,35 @@ def test_serve_with_a_deployment_file(tiny_llama, tmp_path, hf):
     text = log.read_text()
     assert "'shutdown_timeout': 10" in text, "the default grace period did not reach vLLM"
     assert "leaked shared_memory" not in text and "leaked semaphore" not in text, text[-3000:]
+
+
+def test_serve_passes_api_server_count_to_vllm(tiny_llama, tmp_path, hf):
+    """`vllm-xmix serve ... --api-server-count 2` starts two API server processes, as `vllm
+    serve` does (the module entry point it used before ignored the option: one server, silently):
+    several API servers are how an operator scales a front end that streams read values at
+    saturation. Every answer's steered tokens and probe values equal HF's."""
+    path = write_deployment(tmp_path)
+    w = np.asarray(V_HAPPY[::-1], np.float32) / 8
+    np.save(tmp_path / "w.npy", w)
+    with open(path, "a") as f:
+        f.write("  - name: probe\n    ops:\n      - {primitive: read, kind: linear_probe, hook: hook_resid_post, "
+                "layers: [2], weight: w.npy}\n")
+    log = tmp_path / "server.log"
+    args = ["-m", "vllm_xmix.cli", "serve", tiny_llama, "--apps", path, "--dtype", "float32", "--max-model-len", "256",
+            "--enforce-eager", "--max-num-seqs", "4", "--api-server-count", "2"]
+    with running_server(args, log) as url:
+        p = PROMPTS[1]
+        want = hf.greedy(p, N, app_deltas([{"name": "happy"}]))
+        x = hf.record(list(p) + want[:-1], [(2, "hook_resid_post")], app_deltas([{"name": "happy"}]))[(2, "hook_resid_post")]
+        for _ in range(8):  # the kernel spreads connections over the servers' shared port
+            body = {"model": tiny_llama, "prompt": p, "max_tokens": N, "temperature": 0, "ignore_eos": True,
+                    "return_token_ids": True, "mi_apps": ["happy", "probe"]}
+            req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                resp = json.loads(r.read())
+            assert list(resp["choices"][0]["token_ids"]) == want
+            np.testing.assert_allclose(np.array(resp["mi_results"]["probe"]["probe"]), x.astype(np.float64) @ w,
+                                       rtol=1e-4, atol=1e-4)
+        text = log.read_text()
+    assert "(ApiServer_0 pid=" in text and "(ApiServer_1 pid=" in text, text[-3000:]  # two server processes

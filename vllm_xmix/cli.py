@@ -149,10 +149,9 @@ def _serve(model: str, apps: str, rest: list[str], admin_key: str | None = None)
     atexit.register(lambda: os.path.exists(cfg_path) and os.unlink(cfg_path))
     print(f"vllm-xmix: serving {model} with {len(dep.get('apps', []))} apps from {apps} "
           f"(vLLM --config {cfg_path})", flush=True)
-    import runpy
+    from ._vllm_compat.cli_serve import run_vllm_serve
 
-    sys.argv = ["vllm-xmix serve", "--model", model, "--config", cfg_path] + rest
-    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+    run_vllm_serve(["--model", model, "--config", cfg_path] + rest)  # as `vllm serve` (--api-server-count, ...)
     return 0
 
 

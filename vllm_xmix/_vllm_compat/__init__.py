@@ -36,8 +36,9 @@ as ``__wrapped__``), is applied once (:func:`apply_patches` is idempotent) and i
 * :mod:`.envs` -- ``vllm.envs.environment_variables``: the plugin's ``VLLM_XMIX_*`` variables are
   known to vLLM's environment check.
 
-Not a patch: :mod:`.introspection` is a vLLM worker extension (``worker_extension_cls``) with one
-read-only call, ``xmix_counts``, for tests and debugging.
+Not patches: :mod:`.introspection` is a vLLM worker extension (``worker_extension_cls``) with one
+read-only call, ``xmix_counts``, for tests and debugging; :mod:`.cli_serve` starts vLLM's server
+as ``vllm serve`` does, for ``vllm-xmix serve``.
 
 The patches call into the runtime (:mod:`vllm_xmix.runtime`) and the checks
 (:mod:`vllm_xmix.validation`); neither imports this package.
