@@ -115,3 +115,38 @@ def test_summary_table_gives_median_busy_fractions_per_configuration(tmp_path):
     assert rows["| vanilla"].endswith("| 0.60 (0.50) | 1.10 (1.10) |")
     assert rows["| probe_one"].endswith("| 1.00 (0.90) | 1.00 (1.00) |")
     assert "API server CPU busy (busiest thread)" in (tmp_path / "summary.md").read_text()
+
+
+def test_several_api_server_processes_count_as_the_api_server():
+    """With ``--api-server-count 2`` vLLM's launcher runs ``VLLM::APIServer_<k>`` processes below
+    it: their CPU time is the API server's (summed), their busiest thread the busiest of them."""
+    kid = BURN + """
+import sys
+from setproctitle import setproctitle
+setproctitle(sys.argv[1])
+print("up", flush=True)
+sys.stdin.readline()
+burn(float(sys.argv[2]))
+print("done", flush=True)
+sys.stdin.readline()
+"""
+    kids = [subprocess.Popen([sys.executable, "-c", kid, name, secs], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True) for name, secs in (("VLLM::APIServer_0", "0.3"), ("VLLM::APIServer_1", "0.2"))]
+    # the launcher: the test process's place is taken by a parent that only waits
+    try:
+        for k in kids:
+            assert k.stdout.readline().strip() == "up"
+        meter = CpuMeter(os.getpid())
+        for k in kids:
+            k.stdin.write("go\n")
+            k.stdin.flush()
+        for k in kids:
+            assert k.stdout.readline().strip() == "done"
+        cpu = meter.stop()
+    finally:
+        for k in kids:
+            k.stdin.close()
+            k.wait(timeout=30)
+    api, wall = cpu["api_server"], cpu["active_s"]
+    assert 0.48 <= api["cpu_s"] < 0.5 + 0.3, cpu  # both children (the waiting test process adds little)
+    assert api["busiest_thread"] * wall >= 0.28, cpu

@@ -20,6 +20,9 @@ import time
 
 #: the engine-core process's name (vLLM sets it with setproctitle: ``VLLM::EngineCore``)
 ENGINE_CORE = "EngineCore"
+#: the name of each of several API server processes (``vllm serve --api-server-count N``:
+#: ``VLLM::APIServer_<k>``, below a launcher process)
+API_SERVER = "APIServer"
 
 
 def _role(proc, root_pid: int) -> str:
@@ -29,7 +32,9 @@ def _role(proc, root_pid: int) -> str:
         name = proc.name() + " " + " ".join(proc.cmdline()[:1])
     except Exception:  # gone, or not ours to read
         return "other"
-    return "engine_core" if ENGINE_CORE in name else "other"
+    if ENGINE_CORE in name:
+        return "engine_core"
+    return "api_server" if API_SERVER in name else "other"
 
 
 def _times(root_pid: int) -> dict[int, tuple[str, float, dict[int, float]]]:
@@ -58,7 +63,8 @@ class CpuMeter:
 
     ``stop(active_s)`` returns ``{role: {"cpu_s": CPU seconds, "busy": cpu_s / active seconds,
     "busiest_thread": the largest fraction of the active seconds one thread of a process of that
-    role ran}}`` for the roles ``api_server`` (the root process), ``engine_core`` and ``other``
+    role ran}}`` for the roles ``api_server`` (the root process, and with ``--api-server-count N``
+    the N API server processes below it: their sum, so ``busy`` may reach N), ``engine_core`` and ``other``
     (processes present at the second read; one started in between counts from 0), ``"wall_s"``
     (between the reads) and ``"active_s"``: the seconds the fractions are of, ``active_s`` if
     given (a benchmark's own duration, from its first request to its last answer: the client's
