@@ -296,6 +296,7 @@ def test_short_forms_and_refusals_a_user_meets_first(tmp_path):
 
     (ra,) = parse_request_apps([{"name": "happy", "layers": "all"}])
     assert ra.layers is None
+    assert parse_request_apps([{"name": "happy", "layers": np.array([1, 2])}])[0].layers == [1, 2]  # arrays as before
     check_request_against_deployment([ra], dep, 4)
     with pytest.raises(XmixSpecError, match="mi_apps.0..layers"):
         parse_request_apps([{"name": "happy", "layers": "some"}])

@@ -545,10 +545,9 @@ class AppSpec(BaseModel):
             XmixSpecError: a vector file that cannot be read (:func:`~.vectors.load_vector`)."""
         data = self.model_dump(mode="json")
         for i, (op, d) in enumerate(zip(self.ops, data["ops"])):
-            ref = op.vector if op.primitive == "write" else op.weight
-            if ref is not None:
-                d["vector" if op.primitive == "write" else "weight"] = vector_digest(
-                    ref, f"{self.name}.ops.{i}.{'vector' if op.primitive == 'write' else 'weight'}")
+            key = "vector" if op.primitive == "write" else "weight"
+            if getattr(op, key) is not None:
+                d[key] = vector_digest(getattr(op, key), f"{self.name}.ops.{i}.{key}")
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -740,7 +739,7 @@ class DeploymentConfig(BaseModel):
 
 def _request_layers(v) -> list[int] | None:
     """A request's layers: a list of layer indices, or ``"all"`` (None: the app's deployed layers)."""
-    if v == "all":
+    if isinstance(v, str) and v == "all":
         return None
     return _layer_list(v)
 
