@@ -18,7 +18,7 @@ import msgspec
 
 from ..results import StreamDelta, to_json
 from ..validation import http_precheck
-from ..validation.http import _n_prompts
+from ..validation.http import _n_prompts, parse_json
 from .core import mark
 
 logger = logging.getLogger("vllm.xmix")
@@ -87,24 +87,12 @@ def patch_openai_server() -> None:
 #: object (vLLM serializes chunks with ``exclude_unset=True``: ``..."choices":[{...}]}``)
 _CHOICE_END = '}],"usage":'
 _LAST_CHOICE_END = "}]}\n\n"
-# msgspec (a vLLM dependency) parses a chunk in ~2 us and writes the values in ~1 us where the json
-# module takes ~7 and ~6 us: this runs for every streamed token of a request with reads, on the
-# server's event loop, which is the bottleneck at saturation. Its output is compact JSON with
-# non-finite floats as null (the values come as None there already: results._json_values).
-_DECODE = msgspec.json.Decoder()
+# msgspec writes the values in ~1 us where the json module takes ~6 (chunks are parsed with
+# validation.http.parse_json, msgspec too): this runs for every streamed token of a request with
+# reads, on the server's event loop, which is the bottleneck at saturation. Its output is compact
+# JSON with non-finite floats as null (the values come as None there already:
+# results._json_values).
 _ENCODE = msgspec.json.Encoder()
-
-
-def _parse_chunk(text: str):
-    """A chunk's JSON object (msgspec; the json module where msgspec is stricter, e.g. a number
-    beyond float range), or None if neither parses it."""
-    try:
-        return _DECODE.decode(text)
-    except ValueError:
-        try:
-            return json.loads(text)
-        except ValueError:
-            return None
 
 
 def _with_reads(chunk: str, view, deltas: dict) -> str:
@@ -113,7 +101,7 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
     its choice (the chunk is parsed, not serialized again: this runs for every streamed token of
     every request with reads, on the server's event loop); a chunk of another shape is
     serialized again whole."""
-    data = _parse_chunk(chunk[len("data: "):])
+    data = parse_json(chunk[len("data: "):])
     if not isinstance(data, dict):
         return chunk
     choices = data.get("choices") or []
