@@ -306,6 +306,34 @@ def test_read_results_come_back_over_http(server, hf):
     np.testing.assert_allclose(probe, x[:len(ids)].astype(np.float64) @ W + 0.5, rtol=1e-4, atol=1e-4)
 
 
+def test_benchmark_splits_a_served_requests_ttft_by_vllms_metrics(server, hf):
+    """The serving benchmark's meter (benchmarks/xmix_bench/server_metrics.py) against this real
+    server: it counts exactly the requests sent between its reads, and the parts of their TTFT
+    lie within what the client measured."""
+    import os
+    import sys
+    import time
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from benchmarks.xmix_bench.server_metrics import MetricsMeter
+
+    url, model = server
+    meter = MetricsMeter(url)
+    assert meter.error is None, meter.error
+    walls = []
+    for xargs in (None, {"xmix": ["happy"]}, {"xmix": ["probe"]}):
+        t0 = time.monotonic()
+        status, resp = complete(url, model, PROMPTS[0], xargs)
+        walls.append((time.monotonic() - t0) * 1e3)
+        assert status == 200, resp
+    d = meter.stop(expect=3)
+    assert d["e2e_n"] == d["ttft_n"] == d["queue_n"] == d["prefill_n"] == 3, d
+    assert 0 < d["ttft_ms"] <= d["e2e_ms"] <= max(walls), (d, walls)
+    assert 0 <= d["queue_ms"] and 0 < d["prefill_ms"] <= d["ttft_ms"], d
+    assert -1.0 < d["front_end_ms"] < d["ttft_ms"], d  # (one host, one clock)
+    assert d["step_tokens_mean"] > 0 and d["prefix_cache_queries"] >= 3 * len(PROMPTS[0]), d
+
+
 def _stream_of(chunks_per_output, n_prompt):
     """A request's outputs as the front end gets them: each output's read chunks, then the
     values a stream of those outputs carries (StreamDelta per output) and the final assembly."""

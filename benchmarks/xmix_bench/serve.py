@@ -40,7 +40,10 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   ``calibration`` (a row of their own in the Current table, no budget line).
   Every run also records the CPU time of the server's processes over the run
   (``cpu_usage.CpuMeter``: the API server and the engine core, each busy fraction and its
-  busiest thread's), so a throughput line can be traced to the process that bounded it.
+  busiest thread's), so a throughput line can be traced to the process that bounded it, and
+  the split of its mean TTFT by vLLM's own per-request metrics (``server_metrics``: front end,
+  queue, prefill; a table of its own in summary.md), so a TTFT line can be traced to the part
+  of the serving path it lies in.
 * ``stop``: stops the two servers (SIGTERM to their process groups, then SIGKILL).
 * ``all``: start, rounds, stop in one process (the servers are stopped on exit and on SIGTERM).
 * ``summarize``: rebuilds summary.md / overhead.png from results.json.
@@ -74,6 +77,8 @@ import urllib.request
 from . import common
 from .cpu_usage import CpuMeter
 from .cpu_usage import summary as cpu_summary
+from . import server_metrics
+from .server_metrics import MetricsMeter
 
 HELP = "serving A/B with `vllm bench serve`: plain vLLM vs the plugin, each app on every request"
 K_CONFIGS = (16, 256)
@@ -465,11 +470,13 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
     common.XARGS_CYCLE = k_selections(int(sel[1:])) if isinstance(sel, str) else None
     common.RUN_MARK = f"t{run_mark}"  # a fresh first token: no prefix-cache hits across runs
     meter = CpuMeter(server.pid)  # which of the server's processes was busy during the run
+    parts = MetricsMeter(f"http://127.0.0.1:{server.port}")  # where the TTFT went, by vLLM's metrics
     try:
         res = common.bench_serve(argv)
     finally:
         common.XARGS_CYCLE = None
     res["cpu"] = meter.stop(active_s=res.get("duration"))  # fractions of the benchmark's own duration
+    res["server_metrics"] = parts.stop(expect=res.get("completed"))
     if res.get("completed", n) != n:
         raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
     res["timeline"] = timeline(res)
@@ -556,11 +563,13 @@ def rounds(args) -> int:
                       f"tput {res['total_token_throughput']:.0f} tok/s  ttft p50 "
                       f"{tl.get('ttft_pct_ms', {}).get('p50', float('nan')):.2f} ms  stalls >= {tl.get('stall_ms')} ms: "
                       f"{tl.get('stalls')} ({tl.get('stall_total_ms')} ms, longest {tl.get('stall_max_ms')})  "
-                      f"cpu: {cpu_summary(res.get('cpu') or {})}", flush=True)
+                      f"cpu: {cpu_summary(res.get('cpu') or {})}  "
+                      f"vLLM metrics: {server_metrics.summary(res.get('server_metrics') or {})}", flush=True)
                 if measured:
                     runs.append({"rate": rate, "round": rnd, "config": name, "title": title, "commit": commit,
                                  "date": date, "result": {k: res[k] for k, _, _ in common.SERVE_METRICS},
-                                 "timeline": res.get("timeline", {}), "cpu": res.get("cpu", {})})
+                                 "timeline": res.get("timeline", {}), "cpu": res.get("cpu", {}),
+                                 "server_metrics": res.get("server_metrics", {})})
                     common.write_json(res_path, runs)  # after every run: a cut command keeps its runs
     if profiled:  # where the time goes: vanilla vs each profiled configuration, same rate and prompts
         rate = rates[0]
@@ -720,6 +729,11 @@ def summarize(runs: list[dict], out_dir: str) -> str:
                 lines.append(f"| {c} | " + " | ".join(meds) + " | " + " | ".join(ratios) + " |"
                              + (_cpu_cells(cur.values()) if has_cpu else ""))
             lines.append("")
+            parts = server_metrics.table_rows({c: [r.get("server_metrics") or {} for r in cur.values()]
+                                               for c, cur in by_config.items()})
+            if parts:  # where the TTFT went, by vLLM's own per-request metrics
+                lines += [f"TTFT parts at rate {rate} (vLLM's metrics; median over rounds of each run's mean):", ""]
+                lines += parts + [""]
     text = "\n".join(lines)
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(text)

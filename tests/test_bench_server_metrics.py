@@ -1,0 +1,50 @@
+"""The serving benchmark's TTFT split from vLLM's metrics (benchmarks/xmix_bench/server_metrics.py):
+exposition text written by hand, two engines' label sets, and the run's share of it. The same
+meter against a real server is in tests/test_serve.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from benchmarks.xmix_bench.server_metrics import difference, parse, table_rows  # noqa: E402
+
+
+def exposition(ttft, queue, prefill, steps, hits, engines=2) -> str:
+    """vLLM-style text: each (sum, count) split evenly over ``engines`` label sets."""
+    out = []
+    for fam, (s, n) in (("vllm:time_to_first_token_seconds", ttft), ("vllm:request_queue_time_seconds", queue),
+                        ("vllm:request_prefill_time_seconds", prefill), ("vllm:iteration_tokens_total", steps)):
+        out += [f"# HELP {fam} x", f"# TYPE {fam} histogram"]
+        for e in range(engines):
+            lab = f'engine="{e}",model_name="m"'
+            out += [f'{fam}_bucket{{{lab},le="+Inf"}} {n / engines}', f"{fam}_count{{{lab}}} {n / engines}",
+                    f"{fam}_sum{{{lab}}} {s / engines}"]
+    out += ["# HELP vllm:prefix_cache_hits_total x", "# TYPE vllm:prefix_cache_hits_total counter"]
+    out += [f'vllm:prefix_cache_hits_total{{engine="{e}",model_name="m"}} {hits / engines}' for e in range(engines)]
+    return "\n".join(out) + "\n"
+
+
+def test_a_runs_ttft_splits_into_front_end_queue_and_prefill():
+    before = parse(exposition((1.0, 10), (0.1, 10), (0.5, 10), (4000, 100), 64))
+    # the run: 4 requests, TTFT 0.2 s each, queued 0.01 s, prefill 0.15 s; 50 steps of 30 tokens
+    after = parse(exposition((1.8, 14), (0.14, 14), (1.1, 14), (5500, 150), 96))
+    d = difference(before, after)
+    assert d["ttft_n"] == d["queue_n"] == d["prefill_n"] == 4
+    assert abs(d["ttft_ms"] - 200.0) < 1e-6 and abs(d["queue_ms"] - 10.0) < 1e-6
+    assert abs(d["prefill_ms"] - 150.0) < 1e-6
+    assert abs(d["front_end_ms"] - 40.0) < 1e-6
+    assert abs(d["step_tokens_mean"] - 30.0) < 1e-6
+    assert d["prefix_cache_hits"] == 32
+    assert "e2e_ms" not in d and "preemptions" not in d  # not in the text: not reported as 0
+
+
+def test_no_new_requests_gives_no_means_and_the_table_says_so():
+    text = exposition((1.0, 10), (0.1, 10), (0.5, 10), (4000, 100), 0)
+    d = difference(parse(text), parse(text))
+    assert "ttft_ms" not in d and "front_end_ms" not in d
+    assert table_rows({"steer_all": [d]}) == []
+    rows = table_rows({"vanilla": [{"ttft_ms": 20.0, "queue_ms": 1.0}, {"ttft_ms": 30.0, "queue_ms": 3.0}]})
+    assert rows[2].startswith("| vanilla | 25.00 | - | 2.00 | - |")
