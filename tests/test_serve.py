@@ -366,8 +366,12 @@ def test_streamed_values_concatenate_to_the_assembled_ones():
          ch("c", "g", 2, "generated", 4, 3, 2), ch("c", "l", 2, "last", 4, 3, 2)],
         [ch("a", "p", 1, "probe", 7, 1), ch("a", "p", 1, "probe", 5, 3)],  # recomputed 5-7 (and 7 again)
         [ch("a", "p", 1, "probe", 8, 1), ch("a", "p", 1, "probe", 9, 1), ch("c", "g", 2, "generated", 7, 3, 2)],
+        # decode steps of one value each (the per-token fast path), one of them not finite (null)
+        [("a", "p", 1, "probe", 10, 1, 1, np.array([[np.nan]], np.float32).tobytes())],
+        [ch("a", "p", 1, "probe", 11, 1)],
     ]
     acc, sent = _stream_of(outs, P)
+    assert sent[-2] == {"a": {"p": {"pos0": 10, "values": [None]}}}, sent[-2]
     final = acc.assemble()
     got: dict = {}
     for s in sent:
@@ -377,12 +381,12 @@ def test_streamed_values_concatenate_to_the_assembled_ones():
                     vals = got.setdefault((app, name, layer), [])
                     assert e["pos0"] == len(vals) + (0 if name == "p" else P - 1), (app, name, layer, e["pos0"])
                     vals += e["values"]
-    np.testing.assert_array_equal(np.array(got[("a", "p", None)]), final["a"]["p"])
+    np.testing.assert_array_equal(np.array(got[("a", "p", None)], dtype=np.float64), final["a"]["p"])
     np.testing.assert_array_equal(np.array(got[("b", "p", "1")]), final["b"]["p"][1])
     np.testing.assert_array_equal(np.array(got[("b", "p", "3")]), final["b"]["p"][3])
     np.testing.assert_array_equal(np.array(got[("c", "g", None)]), final["c"]["g"])
     np.testing.assert_array_equal(np.array(got[("c", "l", None)]), final["c"]["l"][None])
-    assert len(got[("a", "p", None)]) == 10  # 0..9: the recomputed positions were not sent twice
+    assert len(got[("a", "p", None)]) == 12  # 0..11: the recomputed positions were not sent twice
 
 
 @pytest.mark.parametrize("kind", ["completion", "chat", "completion_usage", "completion_all_fields",

@@ -16,7 +16,7 @@ import logging
 
 import msgspec
 
-from ..results import StreamDelta, to_json
+from ..results import StreamDelta
 from ..validation import http_precheck
 from ..validation.http import _n_prompts, parse_json
 from .core import mark
@@ -114,7 +114,7 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
     extra = {"mi_results": d.take(view._acc, view._upto)}
     if c.get("finish_reason") is not None:
         n_gen = view._n_generated
-        extra["mi_results_complete"] = to_json(view._acc.assemble(n_generated=n_gen, upto=view._upto))
+        extra["mi_results_complete"] = view._acc.final_json(n_gen, view._upto)
     at = chunk.find(_CHOICE_END)
     if at < 0 and chunk.endswith(_LAST_CHOICE_END) and list(data)[-1] == "choices":
         at = len(chunk) - len(_LAST_CHOICE_END)

@@ -50,7 +50,7 @@ def patch_output_processor() -> None:
 
     mark("OutputProcessor.add_request", OutputProcessor, "add_request", wrap_add)
 
-    from ..results import ReadResults, to_json
+    from ..results import ReadResults
 
     if not isinstance(getattr(RequestOutput, "mi_results", None), property):
         def mi_results(self):
@@ -84,7 +84,7 @@ def patch_output_processor() -> None:
                 # the OpenAI server returns kv_transfer_params in its (non-streaming) responses:
                 # the final values go there too, as JSON ("xmix_results")
                 kv_transfer_params = {**(kv_transfer_params or {}),
-                                      "xmix_results": to_json(acc.assemble(n_generated=n_gen))}
+                                      "xmix_results": acc.final_json(n_gen)}
             out = orig(self, new_token_ids, pooling_output, finish_reason, stop_reason, kv_transfer_params,
                        *args, **kwargs)
             if acc is not None and isinstance(out, RequestOutput):
