@@ -1,11 +1,14 @@
 """The serving benchmark's TTFT split from vLLM's metrics (benchmarks/xmix_bench/server_metrics.py):
-exposition text written by hand, two engines' label sets, and the run's share of it. The same
-meter against a real server is in tests/test_serve.py."""
+exposition text written by hand, two engines' label sets, and the run's share of it (the same
+meter against a real server is in tests/test_serve.py); and `profile api-cpu`
+(benchmarks/xmix_bench/api_cpu.py) against its own CPU server."""
 
 from __future__ import annotations
 
 import os
 import sys
+
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -48,3 +51,16 @@ def test_no_new_requests_gives_no_means_and_the_table_says_so():
     assert table_rows({"steer_all": [d]}) == []
     rows = table_rows({"vanilla": [{"ttft_ms": 20.0, "queue_ms": 1.0}, {"ttft_ms": 30.0, "queue_ms": 3.0}]})
     assert rows[2].startswith("| vanilla | 25.00 | - | 2.00 | - |")
+
+
+@pytest.mark.one_version
+def test_api_cpu_streams_every_chunk_and_meters_the_api_server():
+    """`profile api-cpu` against its real CPU server: every streamed token of every request is
+    counted (with and without a probe), and the API server's CPU time per chunk is measured."""
+    from benchmarks.xmix_bench.api_cpu import api_cpu
+
+    r = api_cpu(["none", "probe_one"], requests=6, tokens=5, concurrency=3, rounds=1)
+    for c in ("none", "probe_one"):
+        (run,) = r["configs"][c]["runs"]
+        assert run["chunks"] == 6 * 5, (c, run)
+        assert run["api_us_per_chunk"] > 0, (c, run)

@@ -33,6 +33,8 @@ Actions:
   40 decoding ones) and for a decode step, and the functions with the most self time (cProfile).
 * ``stream``: the front end's host time per streamed chunk of a request with a probe
   (``stream.py``).
+* ``api-cpu``: the API server's CPU time per streamed chunk on a real CPU server, per
+  configuration (``api_cpu.py``).
 * ``vs-plain``: whole engine steps against vLLM without the plugin, compiled (no CUDA graphs
   on a CPU), serving-like arrivals: a 32-layer Llama config (d_model 64, dummy weights), a new
   request of 16-400 prompt tokens every second step beside up to 32 decoding ones,
@@ -100,6 +102,14 @@ def add_arguments(p) -> None:
     s.add_argument("--tokens", type=int, default=128, help="streamed chunks (tokens) per request")
     s.add_argument("--repeats", type=int, default=20, help="streams measured (median of their means)")
     s.add_argument("--json", help="write the result here")
+    a = sub.add_parser("api-cpu", help="the API server's CPU time per streamed chunk, real CPU server, per app")
+    a.add_argument("--configs", default="none,probe_one,steer_all",
+                   help="apps on per request (none: no selection), names of the benchmark deployment")
+    a.add_argument("--requests", type=int, default=96, help="streamed requests per run")
+    a.add_argument("--tokens", type=int, default=64, help="tokens per request")
+    a.add_argument("--concurrency", type=int, default=32, help="requests in flight")
+    a.add_argument("--rounds", type=int, default=3, help="interleaved rounds (after a warm-up)")
+    a.add_argument("--json", help="write the result here")
     v = sub.add_parser("vs-plain", help="whole engine steps, compiled, serving-like arrivals: plugin vs plain vLLM")
     v.add_argument("--configs", default="inactive,steer_all,probe_one",
                    help="apps on per request (inactive: none), names of the benchmark deployment")
@@ -128,6 +138,17 @@ def main(args) -> int:
             common.write_json(args.json, r)
         print(f"front end, streamed chunk of a request with a probe: {r['us_per_chunk']:.1f} us per chunk "
               f"(median of {len(r['runs'])} streams of {r['tokens']} chunks, prompt {r['prompt']})")
+        return 0
+    if args.action == "api-cpu":
+        from .api_cpu import api_cpu
+
+        r = api_cpu(args.configs.split(","), args.requests, args.tokens, args.concurrency, args.rounds)
+        if args.json:
+            common.write_json(args.json, r)
+        for c, v in r["configs"].items():
+            print(f"{c}: API server {v['api_us_per_chunk']:.1f} us CPU per streamed chunk, engine core "
+                  f"{v['engine_us_per_chunk']:.1f} (median of {len(v['runs'])} runs of {r['requests']} requests x "
+                  f"{r['tokens']} tokens, {r['concurrency']} at a time)")
         return 0
     # CPU engines: in-process (cProfile sees the worker) and a small KV cache
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

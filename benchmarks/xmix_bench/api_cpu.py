@@ -1,0 +1,119 @@
+"""profile api-cpu: the API server's CPU time per streamed chunk, on a real CPU server.
+
+At saturation a probe's throughput line is bounded by the OpenAI server's event loop (RESULTS.md:
+its busiest thread near 1.0 while the engine core idles), so what counts is the API server's
+CPU time per streamed token with and without the app. This starts one vLLM OpenAI server on
+the CPU (``python -m vllm.entrypoints.openai.api_server``, the tiny Llama of
+``vllm_xmix.tiny``, float32, enforce_eager) with the benchmark deployment built for that model
+(``common.serving_apps``), streams ``--requests`` completions of ``--tokens`` tokens
+(``--concurrency`` at a time, 32-token prompts) per configuration (``none``: no selection;
+otherwise ``vllm_xargs.xmix`` = [name]), configurations interleaved over ``--rounds`` rounds
+after a discarded warm-up, and reads the server's process tree's CPU times around each run
+(``cpu_usage.CpuMeter``). Per configuration: the median over rounds of the API server's and
+the engine core's CPU microseconds per streamed chunk. CPU time on this machine: compare lines
+of one machine and one run only; the model's compute is in the engine core's line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from . import common
+from .cpu_usage import CpuMeter
+
+
+async def _stream_all(url: str, model: str, xargs, n: int, tokens: int, concurrency: int) -> int:
+    import aiohttp
+
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(session, i: int) -> int:
+        body = {"model": model, "prompt": [10 + (i * 7 + k) % 200 for k in range(32)], "max_tokens": tokens,
+                "temperature": 0, "ignore_eos": True, "stream": True}
+        if xargs is not None:
+            body["vllm_xargs"] = xargs
+        async with sem, session.post(url + "/v1/completions", json=body) as r:
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:500]}")
+            return sum([1 async for line in r.content if line.startswith(b"data: {")])
+
+    async with aiohttp.ClientSession() as s:
+        return sum(await asyncio.gather(*[one(s, i) for i in range(n)]))
+
+
+def _start(model: str, deployment: dict, log: str) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "float32",
+           "--max-model-len", "256", "--enforce-eager", "--max-num-seqs", "32", "--port", str(port),
+           "--host", "127.0.0.1", "--additional-config", json.dumps(deployment)]
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the engine core in its own process, as served
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited; see {log}:\n" + open(log).read()[-3000:])
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            return proc, url
+        except Exception:  # noqa: BLE001 - not up yet
+            time.sleep(1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError(f"the server did not answer in 600 s; see {log}")
+
+
+def api_cpu(configs: list[str], requests: int = 96, tokens: int = 64, concurrency: int = 32,
+            rounds: int = 3) -> dict:
+    """``{"configs": {name: {"api_us_per_chunk": median, "engine_us_per_chunk": median, "runs":
+    [...]}}, ...}`` (see the module docstring).
+
+    Raises:
+        RuntimeError: the server did not start, or a request was refused."""
+    from vllm_xmix import deploy
+    from vllm_xmix.tiny import build_tiny_model
+
+    model = build_tiny_model("llama")
+    cfg = common.load_config(model)
+    names = [c for c in configs if c != "none"]
+    apps = common.serving_apps(cfg, names=names) if names else common.serving_apps(cfg, names=["probe_one"])
+    log = os.path.join(tempfile.mkdtemp(prefix="xmix-api-cpu-"), "server.log")
+    proc, url = _start(model, deploy(*apps, fused_writes="none"), log)
+    out: dict = {"configs": {c: {"runs": []} for c in configs}, "requests": requests, "tokens": tokens,
+                 "concurrency": concurrency, "rounds": rounds, "commit": common.git_commit(),
+                 "date": common.today(), "command": common.command_line()}
+    try:
+        asyncio.run(_stream_all(url, model, None, requests, tokens, concurrency))  # warm-up
+        for _ in range(rounds):
+            for c in configs:
+                xargs = None if c == "none" else {"xmix": [c]}
+                meter = CpuMeter(proc.pid)
+                chunks = asyncio.run(_stream_all(url, model, xargs, requests, tokens, concurrency))
+                cpu = meter.stop()
+                out["configs"][c]["runs"].append({
+                    "chunks": chunks,
+                    "api_us_per_chunk": round(cpu.get("api_server", {}).get("cpu_s", 0.0) / chunks * 1e6, 2),
+                    "engine_us_per_chunk": round(cpu.get("engine_core", {}).get("cpu_s", 0.0) / chunks * 1e6, 2)})
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    for c, r in out["configs"].items():
+        for k in ("api_us_per_chunk", "engine_us_per_chunk"):
+            r[k] = statistics.median(x[k] for x in r["runs"])
+    return out
