@@ -56,11 +56,12 @@ def test_no_new_requests_gives_no_means_and_the_table_says_so():
 @pytest.mark.one_version
 def test_api_cpu_streams_every_chunk_and_meters_the_api_server():
     """`profile api-cpu` against its real CPU server: every streamed token of every request is
-    counted (with and without a probe), and the API server's CPU time per chunk is measured."""
+    counted (with and without a probe; a chunk may carry several), and the API server's CPU
+    time per chunk and per token is measured."""
     from benchmarks.xmix_bench.api_cpu import api_cpu
 
     r = api_cpu(["none", "probe_one"], requests=6, tokens=5, concurrency=3, rounds=1)
     for c in ("none", "probe_one"):
         (run,) = r["configs"][c]["runs"]
-        assert run["chunks"] == 6 * 5, (c, run)
-        assert run["api_us_per_chunk"] > 0, (c, run)
+        assert run["tokens"] == 6 * 5 and 6 <= run["chunks"] <= 6 * 5, (c, run)
+        assert run["api_us_per_token"] > 0 and run["api_us_per_chunk"] >= run["api_us_per_token"], (c, run)

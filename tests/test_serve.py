@@ -389,6 +389,46 @@ def test_streamed_values_concatenate_to_the_assembled_ones():
     assert len(got[("a", "p", None)]) == 12  # 0..11: the recomputed positions were not sent twice
 
 
+def test_streamed_values_of_a_lagging_stream_and_final_values_after_a_trigger_record():
+    """A stream one output behind its chunks (each chunk streamed takes the values up to the
+    previous output: the front end's outputs can be older than the chunks received), a probe
+    at two layers, decode steps of one value per layer: concatenated, the streamed values are
+    the assembled ones. ``final_json`` gives the values and trigger records as they are when
+    it is called, also when a trigger record arrives after an earlier call."""
+    from vllm_xmix.results import ReadResults, StreamDelta, to_json
+
+    P = 3
+    rng = np.random.default_rng(5)
+
+    def ch(layer, pos0, n):
+        return ("a", "p", layer, "probe", pos0, n, 1, rng.standard_normal((n, 1)).astype(np.float32).tobytes())
+
+    outs = [[ch(1, 0, P), ch(2, 0, P)]] + [[ch(1, P + k, 1), ch(2, P + k, 1)] for k in range(4)]
+    acc, d, sent = ReadResults(P), StreamDelta(), []
+    for chunks in outs:
+        upto = acc.n_chunks  # the output being streamed: the one before these chunks
+        acc.add(chunks)
+        sent.append(d.take(acc, upto))
+    sent.append(d.take(acc, acc.n_chunks))
+    final = acc.assemble()
+    for layer in (1, 2):
+        got = []
+        for s in sent:
+            e = (s.get("a") or {}).get("p", {}).get(str(layer))
+            if e:
+                assert e["pos0"] == len(got)
+                got += e["values"]
+        np.testing.assert_array_equal(np.array(got, dtype=np.float64), final["a"]["p"][layer])
+    before = acc.final_json(4)
+    assert before == to_json(acc.assemble(4)) and "triggers" not in before["a"]
+    assert acc.final_json(4) is before  # kept for the same chunks
+    acc.add_triggers({"apps": ["a"], "events": [("a", "p", 1, "stop", 5, 0.75)]})
+    after = acc.final_json(4)
+    assert after["a"]["triggers"] == [{"read": "p", "layer": 1, "action": "stop", "position": 5, "value": 0.75}]
+    acc.add([ch(1, P + 4, 1), ch(2, P + 4, 1)])  # (a chunk after the call: the values change too)
+    assert len(acc.final_json(5)["a"]["p"]["1"]) == P + 4
+
+
 @pytest.mark.parametrize("kind", ["completion", "chat", "completion_usage", "completion_all_fields",
                                   "chat_all_fields"])
 def test_values_are_spliced_into_vllms_stream_chunks(kind):

@@ -53,11 +53,12 @@ class ReadResults:
         self._parsed = 0  # chunks parsed into _parts
         self.n_chunks = 0
         self.triggers: dict | None = None  # {"apps": [...], "events": [(app, name, layer, action, pos, value)]}
-        self._final: tuple | None = None  # (key, final_json's value)
+        self._final: tuple | None = None  # ((n_generated, upto), final_json's value) for the chunks and triggers now
 
     def add_triggers(self, record: dict) -> None:
         """The engine core's trigger record of this request (the latest replaces the earlier)."""
         self.triggers = record
+        self._final = None
 
     def trigger_records(self) -> dict[str, list[dict]]:
         """``{app: [{"read", "layer", "action", "position", "value"}, ...]}`` (see the module docstring)."""
@@ -76,6 +77,8 @@ class ReadResults:
         request whose outputs are not streamed kept one list per token alive)."""
         self._raw.extend(map(tuple, chunks))
         self.n_chunks += len(chunks)
+        if chunks:
+            self._final = None
 
     def _parse(self) -> None:
         raw, self._raw = self._raw, []
@@ -96,7 +99,7 @@ class ReadResults:
         the last streamed chunk's ``mi_results_complete``), a few hundred microseconds each on
         the front end's event loop for a probe over a few hundred positions."""
         upto = self.n_chunks if upto is None else min(upto, self.n_chunks)
-        key = (n_generated, upto, self.n_chunks, id(self.triggers))
+        key = (n_generated, upto)  # (new chunks or trigger records drop the kept value: add, add_triggers)
         if self._final is None or self._final[0] != key:
             self._final = (key, to_json(self.assemble(n_generated, upto)))
         return self._final[1]

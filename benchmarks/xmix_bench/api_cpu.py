@@ -10,7 +10,8 @@ the CPU (``python -m vllm.entrypoints.openai.api_server``, the tiny Llama of
 otherwise ``vllm_xargs.xmix`` = [name]), configurations interleaved over ``--rounds`` rounds
 after a discarded warm-up, and reads the server's process tree's CPU times around each run
 (``cpu_usage.CpuMeter``). Per configuration: the median over rounds of the API server's and
-the engine core's CPU microseconds per streamed chunk. CPU time on this machine: compare lines
+the engine core's CPU microseconds per streamed chunk, and the API server's per streamed token
+(a chunk carries several tokens when vLLM merges the outputs of a stream whose consumer lags). CPU time on this machine: compare lines
 of one machine and one run only; the model's compute is in the engine core's line.
 """
 
@@ -32,23 +33,31 @@ from . import common
 from .cpu_usage import CpuMeter
 
 
-async def _stream_all(url: str, model: str, xargs, n: int, tokens: int, concurrency: int) -> int:
+async def _stream_all(url: str, model: str, xargs, n: int, tokens: int, concurrency: int) -> tuple[int, int]:
+    """(streamed chunks, streamed tokens) of ``n`` requests: a chunk may carry several tokens
+    (vLLM merges a stream's outputs while its consumer lags behind)."""
     import aiohttp
 
     sem = asyncio.Semaphore(concurrency)
 
-    async def one(session, i: int) -> int:
+    async def one(session, i: int) -> tuple[int, int]:
         body = {"model": model, "prompt": [10 + (i * 7 + k) % 200 for k in range(32)], "max_tokens": tokens,
-                "temperature": 0, "ignore_eos": True, "stream": True}
+                "temperature": 0, "ignore_eos": True, "stream": True, "return_token_ids": True}
         if xargs is not None:
             body["vllm_xargs"] = xargs
+        chunks = toks = 0
         async with sem, session.post(url + "/v1/completions", json=body) as r:
             if r.status != 200:
                 raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:500]}")
-            return sum([1 async for line in r.content if line.startswith(b"data: {")])
+            async for line in r.content:
+                if line.startswith(b"data: {"):
+                    chunks += 1
+                    toks += sum(len(c.get("token_ids") or ()) for c in json.loads(line[6:])["choices"])
+        return chunks, toks
 
     async with aiohttp.ClientSession() as s:
-        return sum(await asyncio.gather(*[one(s, i) for i in range(n)]))
+        got = await asyncio.gather(*[one(s, i) for i in range(n)])
+    return sum(c for c, _ in got), sum(t for _, t in got)
 
 
 def _start(model: str, deployment: dict, log: str) -> tuple[subprocess.Popen, str]:
@@ -66,14 +75,30 @@ def _start(model: str, deployment: dict, log: str) -> tuple[subprocess.Popen, st
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         if proc.poll() is not None:
+            _stop(proc)  # (what it started, e.g. an engine core)
             raise RuntimeError(f"the server exited; see {log}:\n" + open(log).read()[-3000:])
         try:
             urllib.request.urlopen(url + "/health", timeout=2)
             return proc, url
         except Exception:  # noqa: BLE001 - not up yet
             time.sleep(1)
-    os.killpg(proc.pid, signal.SIGKILL)
+    _stop(proc)
     raise RuntimeError(f"the server did not answer in 600 s; see {log}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL after 30 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def api_cpu(configs: list[str], requests: int = 96, tokens: int = 64, concurrency: int = 32,
@@ -91,29 +116,26 @@ def api_cpu(configs: list[str], requests: int = 96, tokens: int = 64, concurrenc
     names = [c for c in configs if c != "none"]
     apps = common.serving_apps(cfg, names=names) if names else common.serving_apps(cfg, names=["probe_one"])
     log = os.path.join(tempfile.mkdtemp(prefix="xmix-api-cpu-"), "server.log")
-    proc, url = _start(model, deploy(*apps, fused_writes="none"), log)
     out: dict = {"configs": {c: {"runs": []} for c in configs}, "requests": requests, "tokens": tokens,
                  "concurrency": concurrency, "rounds": rounds, "commit": common.git_commit(),
-                 "date": common.today(), "command": common.command_line()}
+                 "date": common.today(), "command": common.command_line(), "server_log": log}
+    proc, url = _start(model, deploy(*apps, fused_writes="none"), log)
     try:
         asyncio.run(_stream_all(url, model, None, requests, tokens, concurrency))  # warm-up
         for _ in range(rounds):
             for c in configs:
                 xargs = None if c == "none" else {"xmix": [c]}
                 meter = CpuMeter(proc.pid)
-                chunks = asyncio.run(_stream_all(url, model, xargs, requests, tokens, concurrency))
+                chunks, toks = asyncio.run(_stream_all(url, model, xargs, requests, tokens, concurrency))
                 cpu = meter.stop()
+                api, eng = (cpu.get(r, {}).get("cpu_s", 0.0) for r in ("api_server", "engine_core"))
                 out["configs"][c]["runs"].append({
-                    "chunks": chunks,
-                    "api_us_per_chunk": round(cpu.get("api_server", {}).get("cpu_s", 0.0) / chunks * 1e6, 2),
-                    "engine_us_per_chunk": round(cpu.get("engine_core", {}).get("cpu_s", 0.0) / chunks * 1e6, 2)})
+                    "chunks": chunks, "tokens": toks,
+                    "api_us_per_chunk": round(api / chunks * 1e6, 2), "api_us_per_token": round(api / toks * 1e6, 2),
+                    "engine_us_per_chunk": round(eng / chunks * 1e6, 2)})
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _stop(proc)
     for c, r in out["configs"].items():
-        for k in ("api_us_per_chunk", "engine_us_per_chunk"):
+        for k in ("api_us_per_chunk", "api_us_per_token", "engine_us_per_chunk"):
             r[k] = statistics.median(x[k] for x in r["runs"])
     return out

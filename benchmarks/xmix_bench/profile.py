@@ -146,7 +146,8 @@ def main(args) -> int:
         if args.json:
             common.write_json(args.json, r)
         for c, v in r["configs"].items():
-            print(f"{c}: API server {v['api_us_per_chunk']:.1f} us CPU per streamed chunk, engine core "
+            print(f"{c}: API server {v['api_us_per_chunk']:.1f} us CPU per streamed chunk ({v['api_us_per_token']:.1f} "
+              f"per token), engine core "
                   f"{v['engine_us_per_chunk']:.1f} (median of {len(v['runs'])} runs of {r['requests']} requests x "
                   f"{r['tokens']} tokens, {r['concurrency']} at a time)")
         return 0

@@ -132,9 +132,10 @@ def summary(parts: dict) -> str:
                                              if k + "_ms" in parts]
     if "front_end_ms" in parts:
         got.append(f"front end {parts['front_end_ms']:.2f}")
+    line = " / ".join(got) + " ms"
     if "step_tokens_mean" in parts:
-        got.append(f"tokens/step {parts['step_tokens_mean']:.1f}")
-    return " / ".join(got) + " ms"
+        line += f", {parts['step_tokens_mean']:.1f} tokens/step"
+    return line
 
 
 #: summary.md's columns of the TTFT parts table: (key in :func:`difference`, header)
