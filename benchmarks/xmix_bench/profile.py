@@ -33,6 +33,8 @@ Actions:
   40 decoding ones) and for a decode step, and the functions with the most self time (cProfile).
 * ``stream``: the front end's host time per streamed chunk of a request with a probe
   (``stream.py``).
+* ``norm-call``: host microseconds per call of a norm hosting hook sites with apps off, against
+  vLLM's add + RMSNorm called directly (what a step without CUDA graphs pays per hosted norm).
 * ``api-cpu``: the API server's CPU time per streamed chunk on a real CPU server, per
   configuration (``api_cpu.py``).
 * ``vs-plain``: whole engine steps against vLLM without the plugin, compiled (no CUDA graphs
@@ -102,6 +104,10 @@ def add_arguments(p) -> None:
     s.add_argument("--tokens", type=int, default=128, help="streamed chunks (tokens) per request")
     s.add_argument("--repeats", type=int, default=20, help="streams measured (median of their means)")
     s.add_argument("--json", help="write the result here")
+    nc = sub.add_parser("norm-call", help="host us per call of a hosted norm with apps off vs vLLM's norm (CPU)")
+    nc.add_argument("--tokens", type=int, default=8)
+    nc.add_argument("--calls", type=int, default=20000)
+    nc.add_argument("--json", help="write the result here")
     a = sub.add_parser("api-cpu", help="the API server's CPU time per streamed chunk, real CPU server, per app")
     a.add_argument("--configs", default="none,probe_one,steer_all",
                    help="apps on per request (none: no selection), names of the benchmark deployment")
@@ -138,6 +144,14 @@ def main(args) -> int:
             common.write_json(args.json, r)
         print(f"front end, streamed chunk of a request with a probe: {r['us_per_chunk']:.1f} us per chunk "
               f"(median of {len(r['runs'])} streams of {r['tokens']} chunks, prompt {r['prompt']})")
+        return 0
+    if args.action == "norm-call":
+        r = norm_call(args.tokens, args.calls)
+        if args.json:
+            common.write_json(args.json, r)
+        print(f"hosted norm, apps off: {statistics.median(r['hosted_us']):.1f} us per call; vLLM's add + RMSNorm "
+              f"directly: {statistics.median(r['direct_us']):.1f} us; the hosting's own cost {r['overhead_us']:.1f} us "
+              f"({r['tokens']} tokens, {r['calls']} calls x {len(r['hosted_us'])})")
         return 0
     if args.action == "api-cpu":
         from .api_cpu import api_cpu
@@ -315,6 +329,44 @@ def compare(a: dict, b: dict, la: str = "A", lb: str = "B") -> str:
 
 
 # ------------------------------------------------------------------------------ host time, CPU
+
+
+def norm_call(tokens: int = 8, calls: int = 20000, repeats: int = 3) -> dict:
+    """Host microseconds per call of a norm hosting hook sites (``fused_writes="norm"``,
+    ``ops.hook_norm_``) in a forward where no app is on, against vLLM's add + RMSNorm called
+    directly on the same tensors: what a step that runs without CUDA graphs (more tokens than
+    the largest captured size) pays per hosted norm with apps off. An in-process eager CPU
+    engine (4-layer Llama config, d_model 64, steer_all deployed); the norm of layer 1."""
+    import torch
+    from vllm.forward_context import set_forward_context
+
+    from vllm_xmix.ops import plain_add_rms_norm
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model in this process
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    model = common.write_model_config(tempfile.mkdtemp(prefix="xmix-norm-"), layers=4)
+    cfg = common.load_config(model)
+    llm, _ = common.make_llm(model, apps=common.serving_apps(cfg, names=["steer_all"]), fused_writes="norm",
+                             dtype="float32", max_model_len=256, eager=True)
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    norm = next(m for n, m in runner.model.named_modules() if n.endswith("layers.1.input_layernorm"))
+    if getattr(norm.forward, "func", None) is None:
+        raise RuntimeError("profile norm-call: layer 1's input norm does not host hook sites")
+    x, r = torch.randn(tokens, cfg["hidden_size"]), torch.randn(tokens, cfg["hidden_size"])
+    hosted, direct = [], []
+    with set_forward_context(None, runner.vllm_config):
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for _ in range(calls):
+                norm(x, r)
+            hosted.append((time.perf_counter() - t) / calls * 1e6)
+            t = time.perf_counter()
+            for _ in range(calls):
+                plain_add_rms_norm(x, r, norm.weight.data, norm.variance_epsilon)
+            direct.append((time.perf_counter() - t) / calls * 1e6)
+    return {"hosted_us": [round(v, 2) for v in hosted], "direct_us": [round(v, 2) for v in direct],
+            "overhead_us": round(statistics.median(h - d for h, d in zip(hosted, direct)), 2), "tokens": tokens,
+            "calls": calls, "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
 
 
 def host_steps(batch: int, tokens: int, configs: str) -> int:

@@ -1,7 +1,8 @@
-"""The serving benchmark's TTFT split from vLLM's metrics (benchmarks/xmix_bench/server_metrics.py):
-exposition text written by hand, two engines' label sets, and the run's share of it (the same
-meter against a real server is in tests/test_serve.py); and `profile api-cpu`
-(benchmarks/xmix_bench/api_cpu.py) against its own CPU server."""
+"""The benchmark's meters: the serving benchmark's TTFT split from vLLM's metrics
+(benchmarks/xmix_bench/server_metrics.py: exposition text written by hand, two engines' label
+sets, and the run's share of it; the same meter against a real server is in
+tests/test_serve.py); `profile api-cpu` (benchmarks/xmix_bench/api_cpu.py) against its own CPU
+server; `profile norm-call` on a hosted norm."""
 
 from __future__ import annotations
 
@@ -65,3 +66,13 @@ def test_api_cpu_streams_every_chunk_and_meters_the_api_server():
         (run,) = r["configs"][c]["runs"]
         assert run["tokens"] == 6 * 5 and 6 <= run["chunks"] <= 6 * 5, (c, run)
         assert run["api_us_per_token"] > 0 and run["api_us_per_chunk"] >= run["api_us_per_token"], (c, run)
+
+
+@pytest.mark.one_version
+def test_norm_call_times_a_norm_that_hosts_sites():
+    """`profile norm-call` finds a norm that hosts hook sites (it raises otherwise) and times it
+    against vLLM's norm called directly."""
+    from benchmarks.xmix_bench.profile import norm_call
+
+    r = norm_call(tokens=4, calls=200, repeats=1)
+    assert r["hosted_us"][0] > 0 and r["direct_us"][0] > 0, r
