@@ -277,8 +277,9 @@ class StreamDelta:
                 out.setdefault(app, {})["triggers"] = new
         return out
 
-
     def _put(self, out: dict, key: tuple, entry: dict) -> None:
+        """Put one read entry's values into a chunk's ``mi_results`` (under its layer when the
+        read has several)."""
         app, name, layer = key
         slot = out.setdefault(app, {})
         if self._layers[(app, name)] == 1:

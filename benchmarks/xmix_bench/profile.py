@@ -160,10 +160,10 @@ def main(args) -> int:
         if args.json:
             common.write_json(args.json, r)
         for c, v in r["configs"].items():
-            print(f"{c}: API server {v['api_us_per_chunk']:.1f} us CPU per streamed chunk ({v['api_us_per_token']:.1f} "
-              f"per token), engine core "
-                  f"{v['engine_us_per_chunk']:.1f} (median of {len(v['runs'])} runs of {r['requests']} requests x "
-                  f"{r['tokens']} tokens, {r['concurrency']} at a time)")
+            print(f"{c}: API server {v['api_us_per_chunk']:.1f} us CPU per streamed chunk "
+                  f"({v['api_us_per_token']:.1f} per token), engine core {v['engine_us_per_chunk']:.1f} "
+                  f"(median of {len(v['runs'])} runs of {r['requests']} requests x {r['tokens']} tokens, "
+                  f"{r['concurrency']} at a time)")
         return 0
     # CPU engines: in-process (cProfile sees the worker) and a small KV cache
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -78,7 +78,6 @@ from . import common
 from .cpu_usage import CpuMeter
 from .cpu_usage import summary as cpu_summary
 from . import server_metrics
-from .server_metrics import MetricsMeter
 
 HELP = "serving A/B with `vllm bench serve`: plain vLLM vs the plugin, each app on every request"
 K_CONFIGS = (16, 256)
@@ -469,7 +468,7 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
         argv += ["--extra-body", json.dumps({"vllm_xargs": {"xmix": sel}})]
     common.XARGS_CYCLE = k_selections(int(sel[1:])) if isinstance(sel, str) else None
     common.RUN_MARK = f"t{run_mark}"  # a fresh first token: no prefix-cache hits across runs
-    parts = MetricsMeter(f"http://127.0.0.1:{server.port}")  # where the TTFT went, by vLLM's metrics
+    parts = server_metrics.MetricsMeter(f"http://127.0.0.1:{server.port}")  # where the TTFT went, by vLLM's metrics
     meter = CpuMeter(server.pid)  # which of the server's processes was busy during the run (after the
     # metrics read, whose rendering is API-server work of its own)
     try:

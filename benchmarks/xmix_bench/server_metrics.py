@@ -96,8 +96,8 @@ def difference(before: dict[str, float], after: dict[str, float]) -> dict:
 
 class MetricsMeter:
     """Reads a server's ``/metrics`` now; :meth:`stop` reads it again and returns
-    :func:`difference` (an empty dict, with ``error``, when either read failed: a run's numbers
-    are never lost to its metrics)."""
+    :func:`difference` (``{"error": ...}`` alone when either read failed: a run's numbers are
+    never lost to its metrics)."""
 
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url
