@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -113,7 +115,7 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     # a serve folder's results.json: vanilla and inactive in 3 rounds, ratios paired by round
     runs = []
     for rnd, (van, ina) in enumerate(((5.0, 5.05), (5.2, 5.2), (5.1, 5.0)), start=1):
-        for cfg, itl in (("vanilla", van), ("aa_plain", van), ("inactive", ina)):
+        for cfg, itl in (("vanilla", van), ("aa_plain", van), ("aa_empty", 1.02 * van), ("inactive", ina)):
             runs.append({"rate": "16", "round": rnd, "config": cfg, "title": "llama31_8b, 400 prompts",
                          "commit": "c3", "date": "2026-12-03",
                          "result": {"mean_itl_ms": itl, "p99_itl_ms": 2 * itl, "mean_ttft_ms": 30.0,
@@ -131,6 +133,10 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     assert cal["mean_itl"] == {"ratio": 1.0, "min": 1.0, "max": 1.0, "n": 3}
     row = _row(open(md).read(), "aa_plain")
     assert row.startswith(f"| {report.CALIBRATION} | aa_plain | +0.00% [+0.00, +0.00] |") and "no budget" in row
+    # the plugin loaded with nothing deployed: a calibration row of its own, named as such
+    row = _row(open(md).read(), "aa_empty")
+    assert row.startswith(f"| {report.CALIBRATION_ROWS['aa_empty'][0]} | aa_empty | +2.0% [+2.0, +2.0] |"), row
+    assert "patches alone" in row and "noise floor" not in row
     assert "3 interleaved rounds" in e["workload"]
     assert e["throughput"]["ratio"] == 1.0 and "rate=inf" in json.loads(open(lp).read())["models"][MODEL][
         "serve"]["inactive"]  # the saturation entry stays
@@ -151,6 +157,17 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     assert list(serve.configs_for(["steer_all"], control=True))[:3] == ["vanilla", "aa_plain", "inactive"]
     assert serve.configs_for(["steer_all"], control=True)["aa_plain"] == ("control", None)
     assert "aa_plain" not in serve.configs_for(["steer_all"])
+    # --control plain,empty: also the plugin with nothing deployed, each on its own server
+    both = serve.configs_for(["steer_all"], control="empty,plain")
+    assert list(both)[:4] == ["vanilla", "aa_plain", "aa_empty", "inactive"]
+    assert both["aa_empty"] == ("control_empty", None) and both["aa_plain"] == ("control", None)
+    assert serve.configs_for(["steer_all"], control="plain") == serve.configs_for(["steer_all"], control=True)
+    with pytest.raises(SystemExit, match="unknown server kind"):
+        serve.configs_for(["steer_all"], control="plain,emtpy")
+    # rounds run A B C, C B A, ... (abba) so that a run's position in its round cancels over pairs
+    assert [serve.round_order(["a", "b", "c"], k) for k in range(3)] == [["a", "b", "c"], ["c", "b", "a"],
+                                                                          ["a", "b", "c"]]
+    assert serve.round_order(["a", "b"], 1, "fixed") == ["a", "b"]
 
 
 def test_server_log_yields_the_capture_and_each_graph_variants_cost(tmp_path, caplog):

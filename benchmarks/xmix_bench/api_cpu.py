@@ -7,7 +7,10 @@ the CPU (``python -m vllm.entrypoints.openai.api_server``, the tiny Llama of
 ``vllm_xmix.tiny``, float32, enforce_eager) with the benchmark deployment built for that model
 (``common.serving_apps``), streams ``--requests`` completions of ``--tokens`` tokens
 (``--concurrency`` at a time, 32-token prompts) per configuration (``none``: no selection;
-otherwise ``vllm_xargs.xmix`` = [name]), configurations interleaved over ``--rounds`` rounds
+otherwise ``vllm_xargs.xmix`` = [name]; ``plain``: no selection, on a second server of the same
+model without the plugin, ``VLLM_PLUGINS=""``; ``empty``: no selection, on a server with the
+plugin loaded and nothing deployed; each started only when named), configurations interleaved
+over ``--rounds`` rounds
 after a discarded warm-up, and reads the server's process tree's CPU times around each run
 (``cpu_usage.CpuMeter``). Per configuration: the median over rounds of the API server's and
 the engine core's CPU microseconds per streamed chunk, and the API server's per streamed token
@@ -60,14 +63,24 @@ async def _stream_all(url: str, model: str, xargs, n: int, tokens: int, concurre
     return sum(c for c, _ in got), sum(t for _, t in got)
 
 
-def _start(model: str, deployment: dict, log: str) -> tuple[subprocess.Popen, str]:
+#: the configurations that run on a server of their own, nothing deployed: name -> plugin loaded
+SERVERS = {"plain": False, "empty": True}
+
+
+def _start(model: str, deployment: dict | None, log: str, plugin: bool = True) -> tuple[subprocess.Popen, str]:
+    """A CPU OpenAI server of ``model`` with ``deployment`` (None: nothing deployed), the plugin
+    loaded unless ``plugin`` is False; (its process, its URL) once it answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "float32",
            "--max-model-len", "256", "--enforce-eager", "--max-num-seqs", "32", "--port", str(port),
-           "--host", "127.0.0.1", "--additional-config", json.dumps(deployment)]
+           "--host", "127.0.0.1"]
+    if deployment is not None:
+        cmd += ["--additional-config", json.dumps(deployment)]
     env = dict(os.environ)
+    if not plugin:
+        env["VLLM_PLUGINS"] = ""
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the engine core in its own process, as served
     with open(log, "w") as f:
@@ -113,18 +126,25 @@ def api_cpu(configs: list[str], requests: int = 96, tokens: int = 64, concurrenc
 
     model = build_tiny_model("llama")
     cfg = common.load_config(model)
-    names = [c for c in configs if c != "none"]
+    names = [c for c in configs if c != "none" and c not in SERVERS]
     apps = common.serving_apps(cfg, names=names) if names else common.serving_apps(cfg, names=["probe_one"])
-    log = os.path.join(tempfile.mkdtemp(prefix="xmix-api-cpu-"), "server.log")
+    tmp = tempfile.mkdtemp(prefix="xmix-api-cpu-")
+    log = os.path.join(tmp, "server.log")
     out: dict = {"configs": {c: {"runs": []} for c in configs}, "requests": requests, "tokens": tokens,
                  "concurrency": concurrency, "rounds": rounds, "commit": common.git_commit(),
                  "date": common.today(), "command": common.command_line(), "server_log": log}
-    proc, url = _start(model, deploy(*apps, fused_writes="none"), log)
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
-        asyncio.run(_stream_all(url, model, None, requests, tokens, concurrency))  # warm-up
+        servers["xmix"] = _start(model, deploy(*apps, fused_writes="none"), log)
+        for c in configs:
+            if c in SERVERS:
+                servers[c] = _start(model, None, os.path.join(tmp, f"server-{c}.log"), plugin=SERVERS[c])
+        for proc, url in servers.values():  # warm-up
+            asyncio.run(_stream_all(url, model, None, requests, tokens, concurrency))
         for _ in range(rounds):
             for c in configs:
-                xargs = None if c == "none" else {"xmix": [c]}
+                xargs = None if c == "none" or c in SERVERS else {"xmix": [c]}
+                proc, url = servers[c if c in SERVERS else "xmix"]
                 meter = CpuMeter(proc.pid)
                 chunks, toks = asyncio.run(_stream_all(url, model, xargs, requests, tokens, concurrency))
                 cpu = meter.stop()
@@ -134,7 +154,8 @@ def api_cpu(configs: list[str], requests: int = 96, tokens: int = 64, concurrenc
                     "api_us_per_chunk": round(api / chunks * 1e6, 2), "api_us_per_token": round(api / toks * 1e6, 2),
                     "engine_us_per_chunk": round(eng / chunks * 1e6, 2)})
     finally:
-        _stop(proc)
+        for proc, _ in servers.values():
+            _stop(proc)
     for c, r in out["configs"].items():
         for k in ("api_us_per_chunk", "api_us_per_token", "engine_us_per_chunk"):
             r[k] = statistics.median(x[k] for x in r["runs"])

@@ -110,7 +110,8 @@ def add_arguments(p) -> None:
     nc.add_argument("--json", help="write the result here")
     a = sub.add_parser("api-cpu", help="the API server's CPU time per streamed chunk, real CPU server, per app")
     a.add_argument("--configs", default="none,probe_one,steer_all",
-                   help="apps on per request (none: no selection), names of the benchmark deployment")
+                   help="apps on per request (none: no selection), names of the benchmark deployment; "
+                        "plain / empty: no selection on a server without the plugin / with nothing deployed")
     a.add_argument("--requests", type=int, default=96, help="streamed requests per run")
     a.add_argument("--tokens", type=int, default=64, help="tokens per request")
     a.add_argument("--concurrency", type=int, default=32, help="requests in flight")

@@ -48,6 +48,9 @@ LABELS = {"mean_itl": "mean ITL", "p99_itl": "P99 ITL", "mean_ttft": "mean TTFT"
           "decode": "decode step"}
 #: the row of an A/A configuration (latest.json ``calibration``)
 CALIBRATION = "Calibration: plain vLLM against itself (A/A)"
+#: the other calibration rows: configuration -> (label, what the row says instead of a status)
+CALIBRATION_ROWS = {"aa_empty": ("Calibration: the plugin loaded, nothing deployed",
+                                 "no budget: the plugin's patches alone, without a deployment")}
 #: start-up <= 1.5x plain; graph memory <= plain + 1 GiB
 STARTUP_MAX, GRAPH_EXTRA_GIB = 1.5, 1.0
 
@@ -242,8 +245,9 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
         entries = pick({"serve": model["calibration"]}, cfg)
         cells, _, _ = _cells(entries, ("mean_itl", "p99_itl", "mean_ttft", "throughput"), 0.0)
         _note_uses(used, entries, cfg)
-        rows.append(f"| {CALIBRATION} | {cfg} | " + " | ".join(cells[m] for m in COLUMNS)
-                    + f" | no budget: the noise floor | {_measured(entries.values())} |")
+        label, note = CALIBRATION_ROWS.get(cfg, (CALIBRATION, "no budget: the noise floor"))
+        rows.append(f"| {label} | {cfg} | " + " | ".join(cells[m] for m in COLUMNS)
+                    + f" | {note} | {_measured(entries.values())} |")
     dash = " | ".join("–" for _ in COLUMNS)
     def server_line(label: str, what: str, config: str, entry: dict | None, judge) -> None:
         """One row of a server-level line; ``judge(entry)`` -> (met, what was measured)."""
@@ -295,7 +299,8 @@ def render(data: dict) -> str:
            "Status: met / missed (the whole range inside / outside the bound) / unresolved (the range straddles "
            "it); latency at the latest finite request rate, throughput at saturation. The calibration row, "
            "where measured, is a second plain vLLM server measured the same way beside the lines: how far "
-           "two plain servers lie apart, the noise floor the lines are read against.", ""]
+           "two plain servers lie apart, the noise floor the lines are read against; the row of the plugin "
+           "loaded with nothing deployed, where measured, what its patches cost without a deployment.", ""]
     for name in order:
         rows, notes = render_model(name, models[name])
         out += rows + notes + [""]

@@ -16,8 +16,10 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   both answer, and records in ``<out>/servers.json`` and latest.json their start-up time (launch
   to the first answer of ``/health``) and CUDA-graph capture (seconds, GiB, from the logs).
 * ``rounds``: against the running servers: for each ``--rates`` rate, ``--warmup`` discarded
-  rounds, then ``--repeats`` rounds; in each round every configuration once, in order
-  (vanilla, inactive, app1, app2, ...: A B A B across rounds, so drift cancels). A configuration
+  rounds, then ``--repeats`` rounds; in each round every configuration once (vanilla, inactive,
+  app1, app2, ..., and with ``--order abba``, the default, every second measured round in
+  reverse: a run's position in its round, after the GPU ran another server's run or sat idle,
+  and drift over the rounds cancel over pairs of rounds). A configuration
   is a server plus the per-request selection (``--extra-body '{"vllm_xargs": {"xmix": [...]}}'``).
   ``vllm bench serve`` runs in this process, and every run replaces the first token of each
   prompt with a fresh one, so no run is served from another run's prefix cache. Rounds add to
@@ -36,7 +38,10 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   configuration ``aa_plain`` / ``aa_empty`` measures what the pair's offset is without apps.
   ``start --control`` keeps the normal pair and adds a third server, plain vLLM again
   (configuration ``aa_plain``, run right after vanilla in every round): each round then carries
-  its own A/A line (give each server ``--gpu-mem`` 0.3). A/A lines go to latest.json's
+  its own A/A line (give each server ``--gpu-mem`` 0.3). ``--control plain,empty`` adds a fourth
+  as well, the plugin loaded with nothing deployed (``aa_empty``): beside the apps-off line it
+  splits what the plugin's patches cost from what a deployment's hook ops cost (``--gpu-mem``
+  0.22 each). A/A lines go to latest.json's
   ``calibration`` (a row of their own in the Current table, no budget line).
   Every run also records the CPU time of the server's processes over the run
   (``cpu_usage.CpuMeter``: the API server and the engine core, each busy fraction and its
@@ -114,9 +119,11 @@ def _server_options(q) -> None:
                    help="the second server: xmix (the benchmark deployment); for an A/A calibration of the "
                         "A/B itself, plain (vLLM without the plugin again: configuration aa_plain) or empty "
                         "(the plugin loaded, nothing deployed: aa_empty)")
-    q.add_argument("--control", action="store_true",
+    q.add_argument("--control", nargs="?", const="plain", default="", metavar="plain[,empty]",
                    help="also start a third server, vLLM without the plugin again (configuration aa_plain, "
-                        "port + 2), so that every round measures the pair's own offset beside the apps")
+                        "port + 2), so that every round measures the pair's own offset beside the apps; "
+                        "with empty, a server with the plugin loaded and nothing deployed too (aa_empty, "
+                        "port + 3)")
     q.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
     q.add_argument("--start-timeout", type=float, default=900, help="seconds each server may take to answer")
     q.add_argument("--profiler", action="store_true",
@@ -140,6 +147,10 @@ def _round_options(q) -> None:
     q.add_argument("--input-len", type=int, default=256, help="random: mean prompt length")
     q.add_argument("--range-ratio", type=float, default=0.9, help="random: prompt lengths input-len * (1 +- this)")
     q.add_argument("--configs", default="", help="comma-separated subset (vanilla always runs)")
+    q.add_argument("--order", choices=["abba", "fixed"], default="abba",
+                   help="configurations per round: abba (every second measured round in reverse, so that a "
+                        "run's position in its round, e.g. after a loaded or an idle GPU, cancels over pairs of "
+                        "rounds) or fixed (the --configs order in every round)")
     q.add_argument("--wait", type=float, default=900, help="seconds to wait for the servers to answer")
     q.add_argument("--profile", default="", metavar="CONFIGS",
                    help="after the rounds, one run of vanilla and of each of these configurations (comma-separated; "
@@ -208,16 +219,36 @@ def build_sharegpt(path: str, n: int, vocab: int, seed: int = 0, output_len: int
     common.write_json(path, convs, indent=None)
 
 
-def configs_for(app_names: list[str], second: str = "xmix", control: bool = False) -> dict[str, tuple[str, object]]:
+#: ``start --control`` kinds: the extra server's name, its port's offset from vanilla's
+CONTROLS = {"plain": ("control", 2), "empty": ("control_empty", 3)}
+
+
+def control_kinds(control) -> list[str]:
+    """The extra servers of ``start --control`` (``servers.json``'s ``control``: a comma list, or
+    a bool as older folders hold it) in :data:`CONTROLS` order.
+
+    Raises:
+        SystemExit: a kind other than plain / empty."""
+    if isinstance(control, bool) or control is None:
+        return ["plain"] if control else []
+    kinds = [k for k in str(control).split(",") if k]
+    bad = [k for k in kinds if k not in CONTROLS]
+    if bad:
+        raise SystemExit(f"--control: unknown server kind(s) {bad}; known: {', '.join(CONTROLS)}")
+    return [k for k in CONTROLS if k in kinds]
+
+
+def configs_for(app_names: list[str], second: str = "xmix", control=False) -> dict[str, tuple[str, object]]:
     """name -> (server, the requests' vllm_xargs["xmix"], "K<k>" for k distinct configs, or None).
     ``second`` (``start --second``): ``plain`` / ``empty``: the A/A calibration's one
     configuration, ``aa_plain`` / ``aa_empty``, the second server with no selection.
-    ``control`` (``start --control``): ``aa_plain`` on the third server, right after vanilla."""
+    ``control`` (``start --control``, see :func:`control_kinds`): ``aa_plain`` / ``aa_empty`` on
+    the extra servers, right after vanilla."""
     if second != "xmix":
         return {"vanilla": ("vanilla", None), f"aa_{second}": ("xmix", None)}
     out = {"vanilla": ("vanilla", None)}
-    if control:
-        out["aa_plain"] = ("control", None)
+    for kind in control_kinds(control):
+        out[f"aa_{kind}"] = (CONTROLS[kind][0], None)
     out["inactive"] = ("xmix", None)
     for n in app_names:
         out[n] = ("xmix", [n])
@@ -402,11 +433,14 @@ def start(args, profiler: bool | None = None) -> dict:
     second_env = dict(os.environ, VLLM_PLUGINS="") if args.second == "plain" else dict(os.environ)
     plans = (("vanilla", args.port, server_args + prof_args.get("vanilla", []), dict(os.environ, VLLM_PLUGINS="")),
              ("xmix", args.port + 1, server_args + second_args + prof_args.get("xmix", []), second_env))
-    if args.control:
-        if args.second != "xmix":
-            raise SystemExit("--control: only with --second xmix (the A/A pair already is one)")
-        plans += (("control", args.port + 2, server_args, dict(os.environ, VLLM_PLUGINS="")),)
-    st["control"] = bool(args.control)
+    kinds = control_kinds(args.control)
+    if kinds and args.second != "xmix":
+        raise SystemExit("--control: only with --second xmix (the A/A pair already is one)")
+    for kind in kinds:
+        name, offset = CONTROLS[kind]
+        env = dict(os.environ, VLLM_PLUGINS="") if kind == "plain" else dict(os.environ)
+        plans += ((name, args.port + offset, server_args, env),)
+    st["control"] = ",".join(kinds)
     launched = []
     try:
         for name, port, sargs, env in plans:
@@ -518,6 +552,18 @@ def timeline(res: dict, stall_ms: float = 20.0) -> dict:
             "ttfts_ms": [round(float(x) * 1e3, 2) for x in ttfts]}
 
 
+def round_order(names: list[str], k: int, order: str = "abba") -> list[str]:
+    """The configurations of measured round ``k`` (0, 1, ...) in the order they run: ``names``
+    as given, and with ``order`` ``abba`` reversed in every odd round (A B C, C B A, A B C, ...),
+    so that a run's position in its round and a linear drift cancel over each pair of rounds.
+
+    Raises:
+        ValueError: an order other than abba / fixed."""
+    if order not in ("abba", "fixed"):
+        raise ValueError(f"round order {order!r}: abba or fixed")
+    return list(reversed(names)) if order == "abba" and k % 2 else list(names)
+
+
 def rounds(args) -> int:
     out = os.path.abspath(args.out)
     st = common.read_json(os.path.join(out, STATE))
@@ -553,7 +599,8 @@ def rounds(args) -> int:
         first = 1 + max((r["round"] for r in runs if r["rate"] == rate and r.get("title", title) == title), default=0)
         plan = [(0, False)] * args.warmup + [(first + i, True) for i in range(args.repeats)]
         for rnd, measured in plan:  # warm-up rounds use seed 0 and are discarded
-            for name, (srv, sel) in configs.items():
+            for name in round_order(list(configs), rnd - first if measured else 0, args.order):
+                srv, sel = configs[name]
                 f = os.path.join(out, "runs", f"{name}_r{rate}_{rnd if measured else 'warmup'}.json")
                 os.makedirs(os.path.dirname(f), exist_ok=True)
                 res = bench(servers[srv], st, dataset_args, rate, args.num_prompts, sel, f, seed=rnd,
