@@ -22,7 +22,8 @@ as ``__wrapped__``), is applied once (:func:`apply_patches` is idempotent) and i
   ``ModelCudaGraphManager`` / ``CudaGraphManager``: CUDA graphs per hook variant;
 * :mod:`.scheduler` -- ``Scheduler.update_from_output``: read values travel per request to the
   front end;
-* :mod:`.output_processor` -- ``RequestState.make_request_output``: read values become
+* :mod:`.output_processor` -- ``OutputProcessor.add_request`` (a request with apps gets its own
+  ``make_request_output``): read values become
   ``RequestOutput.mi_results``; ``RequestOutput.add``: outputs merged for a slow consumer keep
   the newest values;
 * :mod:`.openai_server` -- ``create_completion`` / ``create_chat_completion``: bad selections are

@@ -6,7 +6,9 @@ carry read values in a ``mi_results`` field: non-streaming responses at the top 
 of ``RequestOutput.mi_results`` as JSON, also kept in ``kv_transfer_params["xmix_results"]``);
 streamed chunks in their choice, the values of the positions new in that chunk
 (:class:`vllm_xmix.results.StreamDelta`), and the final chunk's choice also
-``mi_results_complete``, all of them (the non-streaming response's ``mi_results``)."""
+``mi_results_complete``, all of them (the non-streaming response's ``mi_results``). A streamed
+request that selects no app gets vLLM's own stream generator, unwrapped: apps off cost its
+chunks nothing on the server's event loop."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import logging
 import msgspec
 
 from ..results import StreamDelta
+from ..spec import CONFIG_KEY
 from ..validation import http_precheck
 from ..validation.http import _n_prompts, parse_json
 from .core import mark
@@ -48,28 +51,36 @@ def patch_openai_server() -> None:
 
     def wrap_stream(orig, gen_index):
         @functools.wraps(orig)
-        async def stream(self, request, *args, **kwargs):
-            args = list(args)
-            latest = [None]  # the RequestOutput the chunks being yielded come from
-
-            async def outputs(gen):
-                async for item in gen:
-                    latest[0] = item[1] if isinstance(item, tuple) else item
-                    yield item
-
-            if len(args) > gen_index:
-                args[gen_index] = outputs(args[gen_index])
-            else:
-                kwargs["result_generator"] = outputs(kwargs["result_generator"])
-            deltas: dict[int, StreamDelta] = {}
-            async for chunk in orig(self, request, *args, **kwargs):
-                res = latest[0]
-                view = res.__dict__.get("_xmix_view") if res is not None else None
-                if view is not None and chunk.startswith("data: {"):
-                    chunk = _with_reads(chunk, view, deltas)
-                yield chunk
+        def stream(self, request, *args, **kwargs):
+            """vLLM's stream generator itself for a request that selects no app (nothing of the
+            plugin's runs per chunk of it), else :func:`stream_with_reads` around it."""
+            if CONFIG_KEY not in (getattr(request, "vllm_xargs", None) or {}):
+                return orig(self, request, *args, **kwargs)
+            return stream_with_reads(orig, gen_index, self, request, args, kwargs)
 
         return stream
+
+    async def stream_with_reads(orig, gen_index, self, request, args, kwargs):
+        """The chunks of ``orig``'s stream, each with the read values of the positions it adds."""
+        args = list(args)
+        latest = [None]  # the RequestOutput the chunks being yielded come from
+
+        async def outputs(gen):
+            async for item in gen:
+                latest[0] = item[1] if isinstance(item, tuple) else item
+                yield item
+
+        if len(args) > gen_index:
+            args[gen_index] = outputs(args[gen_index])
+        else:
+            kwargs["result_generator"] = outputs(kwargs["result_generator"])
+        deltas: dict[int, StreamDelta] = {}
+        async for chunk in orig(self, request, *args, **kwargs):
+            res = latest[0]
+            view = res.__dict__.get("_xmix_view") if res is not None else None
+            if view is not None and chunk.startswith("data: {"):
+                chunk = _with_reads(chunk, view, deltas)
+            yield chunk
 
     mark("OpenAIServingCompletion.create_completion", OpenAIServingCompletion, "create_completion",
           lambda orig: wrap(orig, lambda r: _n_prompts(getattr(r, "prompt", None))))

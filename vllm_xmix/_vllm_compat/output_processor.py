@@ -1,16 +1,18 @@
-"""Output processor (front end): ``RequestState.make_request_output`` is wrapped so that the
-read values of a request are assembled per position (:mod:`vllm_xmix.results`) and set as
+"""Output processor (front end): ``OutputProcessor.add_request`` is wrapped so that the state
+of each request that selects apps remembers the app versions it runs (:func:`live_versions`:
+which versions requests in flight still use, so an app change on a running server never reuses
+their entries) and gets its own ``make_request_output`` (set on that ``RequestState`` only:
+requests without apps run vLLM's method, with nothing of the plugin per output), which
+assembles the request's read values per position (:mod:`vllm_xmix.results`) and sets them as
 ``RequestOutput.mi_results``; the final values also go into the response's
-``kv_transfer_params["xmix_results"]`` (JSON), which the OpenAI server returns.
-``OutputProcessor.add_request`` is wrapped so that each request's state remembers the app
-versions it runs (:func:`live_versions`: which versions requests in flight still use, so an app
-change on a running server never reuses their entries). ``RequestOutput.add`` (how vLLM's
+``kv_transfer_params["xmix_results"]`` (JSON), which the OpenAI server returns. ``RequestOutput.add`` (how vLLM's
 ``RequestOutputCollector`` merges the outputs a slow consumer has not taken yet into one) is
 wrapped so that the merged output carries the values of the newest output merged in."""
 
 from __future__ import annotations
 
 import functools
+import types
 
 from ..spec import CONFIG_KEY
 from .core import mark
@@ -44,6 +46,7 @@ def patch_output_processor() -> None:
                 vs = tuple((a["name"], a.get("version", 0)) for a in sel.get("apps", ()))
                 if vs:
                     st.__dict__[_VERSIONS_ATTR] = vs
+                    st.make_request_output = types.MethodType(make_request_output, st)
             return out
 
         return add_request
@@ -61,39 +64,37 @@ def patch_output_processor() -> None:
 
         RequestOutput.mi_results = property(mi_results)
 
-    def wrap(orig):
-        @functools.wraps(orig)
-        def make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
-                                kv_transfer_params=None, *args, **kwargs):
-            acc = self.__dict__.get("_xmix_reads")
-            if kv_transfer_params and (CONFIG_KEY in kv_transfer_params or TRIGGERS_KEY in kv_transfer_params):
-                if acc is None:
-                    n_prompt = (len(self.prompt_token_ids) if self.prompt_token_ids is not None
-                                else len(self.prompt_embeds))
-                    acc = self.__dict__["_xmix_reads"] = ReadResults(n_prompt)
-                if CONFIG_KEY in kv_transfer_params:
-                    acc.add(kv_transfer_params[CONFIG_KEY])
-                if TRIGGERS_KEY in kv_transfer_params:
-                    acc.add_triggers(kv_transfer_params[TRIGGERS_KEY])
-                kv_transfer_params = {k: v for k, v in kv_transfer_params.items()
-                                      if k not in (CONFIG_KEY, TRIGGERS_KEY)} or None
-            n_gen = None
-            if acc is not None and finish_reason is not None:
-                det = getattr(self, "detokenizer", None)
-                n_gen = det.num_output_tokens() if det is not None else None
-                # the OpenAI server returns kv_transfer_params in its (non-streaming) responses:
-                # the final values go there too, as JSON ("xmix_results")
-                kv_transfer_params = {**(kv_transfer_params or {}),
-                                      "xmix_results": acc.final_json(n_gen)}
-            out = orig(self, new_token_ids, pooling_output, finish_reason, stop_reason, kv_transfer_params,
-                       *args, **kwargs)
-            if acc is not None and isinstance(out, RequestOutput):
-                out.__dict__["_xmix_view"] = acc.view(n_generated=n_gen)
-            return out
+    vllm_make_request_output = RequestState.make_request_output
 
-        return make_request_output
-
-    mark("RequestState.make_request_output", RequestState, "make_request_output", wrap)
+    def make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
+                            kv_transfer_params=None, *args, **kwargs):
+        """``RequestState.make_request_output`` of a request with apps: the read values that
+        came with this output (``kv_transfer_params``) assembled, the output's view of them set."""
+        acc = self.__dict__.get("_xmix_reads")
+        if kv_transfer_params and (CONFIG_KEY in kv_transfer_params or TRIGGERS_KEY in kv_transfer_params):
+            if acc is None:
+                n_prompt = (len(self.prompt_token_ids) if self.prompt_token_ids is not None
+                            else len(self.prompt_embeds))
+                acc = self.__dict__["_xmix_reads"] = ReadResults(n_prompt)
+            if CONFIG_KEY in kv_transfer_params:
+                acc.add(kv_transfer_params[CONFIG_KEY])
+            if TRIGGERS_KEY in kv_transfer_params:
+                acc.add_triggers(kv_transfer_params[TRIGGERS_KEY])
+            kv_transfer_params = {k: v for k, v in kv_transfer_params.items()
+                                  if k not in (CONFIG_KEY, TRIGGERS_KEY)} or None
+        n_gen = None
+        if acc is not None and finish_reason is not None:
+            det = getattr(self, "detokenizer", None)
+            n_gen = det.num_output_tokens() if det is not None else None
+            # the OpenAI server returns kv_transfer_params in its (non-streaming) responses:
+            # the final values go there too, as JSON ("xmix_results")
+            kv_transfer_params = {**(kv_transfer_params or {}),
+                                  "xmix_results": acc.final_json(n_gen)}
+        out = vllm_make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
+                                       kv_transfer_params, *args, **kwargs)
+        if acc is not None and isinstance(out, RequestOutput):
+            out.__dict__["_xmix_view"] = acc.view(n_generated=n_gen)
+        return out
 
     def wrap_add(orig):
         @functools.wraps(orig)
