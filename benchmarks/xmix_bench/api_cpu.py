@@ -58,7 +58,9 @@ async def _stream_all(url: str, model: str, xargs, n: int, tokens: int, concurre
                     toks += sum(len(c.get("token_ids") or ()) for c in json.loads(line[6:])["choices"])
         return chunks, toks
 
-    async with aiohttp.ClientSession() as s:
+    # a connection per request: a kept-alive connection the server has closed meanwhile would be
+    # reused by the next request and end it with ServerDisconnectedError
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
         got = await asyncio.gather(*[one(s, i) for i in range(n)])
     return sum(c for c, _ in got), sum(t for _, t in got)
 

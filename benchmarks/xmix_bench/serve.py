@@ -140,6 +140,9 @@ def _round_options(q) -> None:
     q.add_argument("--rates", default="8,32,inf", help="comma-separated request rates (inf: saturation)")
     q.add_argument("--repeats", type=int, default=3, help="measured rounds (0: warm-up rounds only)")
     q.add_argument("--warmup", type=int, default=1, help="discarded rounds before them")
+    q.add_argument("--warmup-prompts", type=int, default=0,
+                   help="prompts per run of a discarded round (0: --num-prompts); a short warm-up round per "
+                        "rate takes the first run of each server at that rate out of the measured rounds")
     q.add_argument("--num-prompts", type=int, default=250)
     q.add_argument("--output-len", type=int, default=128)
     q.add_argument("--dataset", choices=["sharegpt", "random"], default="sharegpt")
@@ -603,8 +606,8 @@ def rounds(args) -> int:
                 srv, sel = configs[name]
                 f = os.path.join(out, "runs", f"{name}_r{rate}_{rnd if measured else 'warmup'}.json")
                 os.makedirs(os.path.dirname(f), exist_ok=True)
-                res = bench(servers[srv], st, dataset_args, rate, args.num_prompts, sel, f, seed=rnd,
-                            run_mark=next_mark())
+                n = args.num_prompts if measured or not args.warmup_prompts else args.warmup_prompts
+                res = bench(servers[srv], st, dataset_args, rate, n, sel, f, seed=rnd, run_mark=next_mark())
                 tl = res.get("timeline") or {}
                 print(f"rate {rate} round {rnd if measured else 'warm-up'} {name}: itl {res['mean_itl_ms']:.3f} ms  "
                       f"tput {res['total_token_throughput']:.0f} tok/s  ttft p50 "
