@@ -130,6 +130,72 @@ def test_streaming_outputs_grow_and_end_complete(chunked, hf):
     close(probe, want, "probe")
 
 
+def test_only_requests_with_apps_get_the_plugins_per_output_code(chunked, hf):
+    """The front end's per-output code (read values assembled into ``mi_results``) belongs to
+    the ``RequestState`` of a request that selects apps only (a subclass it is switched to): a
+    request without apps keeps vLLM's class and ``make_request_output`` (nothing of the plugin per
+    output) and still gets HF's tokens, while one with a probe beside it gets its values. Both
+    states are freed by reference counting once finished (no cycle left for the garbage
+    collector: a state holds the request's values)."""
+    import gc
+    import weakref
+
+    from vllm.v1.engine.output_processor import RequestState
+
+    engine = chunked.llm_engine
+    engine.add_request("with-apps", {"prompt_token_ids": PROMPTS[2]}, sp(["pr"], max_tokens=4))
+    engine.add_request("no-apps", {"prompt_token_ids": PROMPTS[3]}, sp(None, max_tokens=4))
+    states = {tuple(st.prompt_token_ids): st for st in engine.output_processor.request_states.values()}
+    assert set(states) == {tuple(PROMPTS[2]), tuple(PROMPTS[3])}
+    with_apps, no_apps = states[tuple(PROMPTS[2])], states[tuple(PROMPTS[3])]
+    assert type(no_apps) is RequestState and "make_request_output" not in no_apps.__dict__
+    assert isinstance(with_apps, RequestState) and type(with_apps) is not RequestState
+    assert type(with_apps).make_request_output is not RequestState.make_request_output
+    refs = [weakref.ref(with_apps), weakref.ref(no_apps)]
+    del states, with_apps, no_apps
+    done = {}
+    gc.disable()
+    try:
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    done[tuple(o.prompt_token_ids)] = o
+        assert [r() is None for r in refs] == [True, True], "a finished request's state outlives it"
+    finally:
+        gc.enable()
+    free, probed = done[tuple(PROMPTS[3])], done[tuple(PROMPTS[2])]
+    assert free.mi_results is None and list(free.outputs[0].token_ids) == hf.greedy(PROMPTS[3], 4)
+    assert probed.mi_results["pr"]["probe"].shape == (len(PROMPTS[2]) + 4 - 1,)
+
+
+def test_a_stream_without_apps_is_vllms_own_generator():
+    """A streamed completion or chat request that selects no app gets vLLM's stream generator
+    itself (nothing of the plugin per chunk on the server's event loop); one that selects apps
+    gets the generator that adds read values to its chunks."""
+    import inspect
+    from types import SimpleNamespace
+
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+
+    from vllm_xmix._vllm_compat import apply_patches
+
+    apply_patches()  # (idempotent; the plugin has applied them in this process if an engine ran)
+    for cls, name in ((OpenAIServingCompletion, "completion_stream_generator"),
+                      (OpenAIServingChat, "chat_completion_stream_generator")):
+        patched = getattr(cls, name)
+        vllm_code = patched.__wrapped__.__code__
+        params = inspect.signature(patched.__wrapped__).parameters.values()
+        rest = [None] * (sum(p.default is inspect.Parameter.empty for p in params) - 2)  # after self, request
+
+        def gen(xargs):  # the generator the server would stream (created, never started)
+            return patched(None, SimpleNamespace(vllm_xargs=xargs), *rest)
+
+        assert gen(None).ag_code is vllm_code and gen({"other": "1"}).ag_code is vllm_code, name
+        with_apps = gen({"xmix": '["pr"]'})
+        assert with_apps.ag_code is not vllm_code and with_apps.ag_code.co_name == "stream_with_reads", name
+
+
 def test_streamed_outputs_merged_by_a_slow_consumer_carry_the_latest_values(chunked, hf):
     """A streaming consumer that lags (a busy server) gets vLLM's DELTA outputs merged into one
     (``RequestOutputCollector.put`` -> ``RequestOutput.add``): the merged output's values are those

@@ -22,12 +22,14 @@ as ``__wrapped__``), is applied once (:func:`apply_patches` is idempotent) and i
   ``ModelCudaGraphManager`` / ``CudaGraphManager``: CUDA graphs per hook variant;
 * :mod:`.scheduler` -- ``Scheduler.update_from_output``: read values travel per request to the
   front end;
-* :mod:`.output_processor` -- ``OutputProcessor.add_request`` (a request with apps gets its own
-  ``make_request_output``): read values become
-  ``RequestOutput.mi_results``; ``RequestOutput.add``: outputs merged for a slow consumer keep
-  the newest values;
+* :mod:`.output_processor` -- ``OutputProcessor.add_request`` (the state of a request with apps
+  is switched to a subclass of ``RequestState`` whose ``make_request_output`` makes its read
+  values ``RequestOutput.mi_results``); ``RequestOutput.add``: outputs merged for a slow consumer
+  keep the newest values;
 * :mod:`.openai_server` -- ``create_completion`` / ``create_chat_completion``: bad selections are
-  an HTTP 400 before the response starts;
+  an HTTP 400 before the response starts; ``completion_stream_generator`` /
+  ``chat_completion_stream_generator``: the chunks of a request with apps carry its read values
+  (a request without apps gets vLLM's generator itself);
 * :mod:`.api_server` -- ``register_vllm_serve_api_routers``: the ``/v1/mi/apps`` routes (list, replace, add apps on a
   running server);
 * :mod:`.worker` -- ``WorkerBase.xmix_admin``: an app change applied on each worker, reached

@@ -1,19 +1,22 @@
-"""Output processor (front end): ``OutputProcessor.add_request`` is wrapped so that the state
-of each request that selects apps remembers the app versions it runs (:func:`live_versions`:
-which versions requests in flight still use, so an app change on a running server never reuses
-their entries) and gets its own ``make_request_output`` (set on that ``RequestState`` only:
-requests without apps run vLLM's method, with nothing of the plugin per output), which
-assembles the request's read values per position (:mod:`vllm_xmix.results`) and sets them as
-``RequestOutput.mi_results``; the final values also go into the response's
-``kv_transfer_params["xmix_results"]`` (JSON), which the OpenAI server returns. ``RequestOutput.add`` (how vLLM's
-``RequestOutputCollector`` merges the outputs a slow consumer has not taken yet into one) is
-wrapped so that the merged output carries the values of the newest output merged in."""
+"""Output processor (front end). ``OutputProcessor.add_request`` is wrapped so that the state of
+each request that selects apps remembers the app versions it runs (:func:`live_versions`: which
+versions requests in flight still use, so an app change on a running server never reuses their
+entries) and is switched to a subclass of vLLM's ``RequestState`` (:func:`_apps_class`; requests
+without apps keep vLLM's class and run its ``make_request_output`` unchanged), whose
+``make_request_output`` assembles the request's read values per position
+(:mod:`vllm_xmix.results`) and sets them as ``RequestOutput.mi_results``; the final values also go
+into the response's ``kv_transfer_params["xmix_results"]`` (JSON), which the OpenAI server
+returns. ``RequestOutput.add`` (how vLLM's ``RequestOutputCollector`` merges the outputs a slow
+consumer has not taken yet into one) is wrapped so that the merged output carries the values of
+the newest output merged in."""
 
 from __future__ import annotations
 
 import functools
-import types
 
+from vllm.outputs import RequestOutput
+
+from ..results import ReadResults
 from ..spec import CONFIG_KEY
 from .core import mark
 from .scheduler import TRIGGERS_KEY
@@ -31,45 +34,29 @@ def live_versions(output_processor) -> list[list]:
     return [list(x) for x in sorted(out)]
 
 
-def patch_output_processor() -> None:
-    from vllm.outputs import RequestOutput
-    from vllm.v1.engine.output_processor import OutputProcessor, RequestState
+#: per vLLM ``RequestState`` class: its subclass for requests that select apps (see :func:`_apps_class`)
+_APPS_CLASSES: dict[type, type] = {}
 
-    def wrap_add(orig):
-        @functools.wraps(orig)
-        def add_request(self, request, *args, **kwargs):
-            out = orig(self, request, *args, **kwargs)
-            sp = getattr(request, "sampling_params", None)
-            sel = (getattr(sp, "extra_args", None) or {}).get(CONFIG_KEY) if sp is not None else None
-            st = self.request_states.get(request.request_id)
-            if isinstance(sel, dict) and st is not None:
-                vs = tuple((a["name"], a.get("version", 0)) for a in sel.get("apps", ()))
-                if vs:
-                    st.__dict__[_VERSIONS_ATTR] = vs
-                    st.make_request_output = types.MethodType(make_request_output, st)
-            return out
 
-        return add_request
+def _apps_class(base: type) -> type:
+    """The subclass of ``base`` (vLLM's ``RequestState``) that a request's state is switched to
+    when the request selects apps: its ``make_request_output`` assembles the read values (a
+    class, not a method bound on the instance, which would make every such state a reference
+    cycle that only the garbage collector frees)."""
+    cls = _APPS_CLASSES.get(base)
+    if cls is None:
+        cls = _APPS_CLASSES[base] = type(f"Apps{base.__name__}", (_AppsRequestOutputs, base), {})
+    return cls
 
-    mark("OutputProcessor.add_request", OutputProcessor, "add_request", wrap_add)
 
-    from ..results import ReadResults
-
-    if not isinstance(getattr(RequestOutput, "mi_results", None), property):
-        def mi_results(self):
-            """Read results of this request (``{app: {read: array}}``, see vllm_xmix.results), or
-            None for a request without reads."""
-            view = self.__dict__.get("_xmix_view")
-            return None if view is None else view.get()
-
-        RequestOutput.mi_results = property(mi_results)
-
-    vllm_make_request_output = RequestState.make_request_output
+class _AppsRequestOutputs:
+    """``make_request_output`` of a request with apps: the read values that came with this
+    output (``kv_transfer_params``) assembled per position (:class:`vllm_xmix.results.ReadResults`),
+    the output's view of them set (``RequestOutput.mi_results``), and on the final output the
+    values as JSON in ``kv_transfer_params["xmix_results"]``; then vLLM's own method."""
 
     def make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
                             kv_transfer_params=None, *args, **kwargs):
-        """``RequestState.make_request_output`` of a request with apps: the read values that
-        came with this output (``kv_transfer_params``) assembled, the output's view of them set."""
         acc = self.__dict__.get("_xmix_reads")
         if kv_transfer_params and (CONFIG_KEY in kv_transfer_params or TRIGGERS_KEY in kv_transfer_params):
             if acc is None:
@@ -90,11 +77,48 @@ def patch_output_processor() -> None:
             # the final values go there too, as JSON ("xmix_results")
             kv_transfer_params = {**(kv_transfer_params or {}),
                                   "xmix_results": acc.final_json(n_gen)}
-        out = vllm_make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
-                                       kv_transfer_params, *args, **kwargs)
+        out = super().make_request_output(new_token_ids, pooling_output, finish_reason, stop_reason,
+                                          kv_transfer_params, *args, **kwargs)
         if acc is not None and isinstance(out, RequestOutput):
             out.__dict__["_xmix_view"] = acc.view(n_generated=n_gen)
         return out
+
+
+def patch_output_processor() -> None:
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    def wrap_add(orig):
+        @functools.wraps(orig)
+        def add_request(self, request, *args, **kwargs):
+            out = orig(self, request, *args, **kwargs)
+            sp = getattr(request, "sampling_params", None)
+            sel = (getattr(sp, "extra_args", None) or {}).get(CONFIG_KEY) if sp is not None else None
+            st = self.request_states.get(request.request_id)
+            if sel is None or st is None:
+                return out
+            if isinstance(sel, dict):  # the canonical form (InputProcessor.process_inputs)
+                vs = tuple((a["name"], a.get("version", 0)) for a in sel.get("apps", ()))
+                if vs:
+                    st.__dict__[_VERSIONS_ATTR] = vs
+                has_apps = bool(vs)
+            else:  # a request added as an EngineCoreRequest keeps the caller's form (names, JSON text)
+                has_apps = bool(sel)
+            if has_apps and not isinstance(st, _AppsRequestOutputs):
+                st.__class__ = _apps_class(type(st))
+            return out
+
+        return add_request
+
+    mark("OutputProcessor.add_request", OutputProcessor, "add_request", wrap_add)
+
+    if not isinstance(getattr(RequestOutput, "mi_results", None), property):
+        def mi_results(self):
+            """Read results of this request (``{app: {read: array}}``, see vllm_xmix.results), or
+            None for a request without reads."""
+            view = self.__dict__.get("_xmix_view")
+            return None if view is None else view.get()
+
+        RequestOutput.mi_results = property(mi_results)
 
     def wrap_add(orig):
         @functools.wraps(orig)
