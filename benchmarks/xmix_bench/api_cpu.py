@@ -140,7 +140,8 @@ def api_cpu(configs: list[str], requests: int = 96, tokens: int = 64, concurrenc
         servers["xmix"] = _start(model, deploy(*apps, fused_writes="none"), log)
         for c in configs:
             if c in SERVERS:
-                servers[c] = _start(model, None, os.path.join(tmp, f"server-{c}.log"), plugin=SERVERS[c])
+                out[f"server_log_{c}"] = os.path.join(tmp, f"server-{c}.log")
+                servers[c] = _start(model, None, out[f"server_log_{c}"], plugin=SERVERS[c])
         for proc, url in servers.values():  # warm-up
             asyncio.run(_stream_all(url, model, None, requests, tokens, concurrency))
         for _ in range(rounds):

@@ -37,7 +37,7 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   vLLM without the plugin again, or with the plugin and nothing deployed, and the one
   configuration ``aa_plain`` / ``aa_empty`` measures what the pair's offset is without apps.
   ``start --control`` keeps the normal pair and adds a third server, plain vLLM again
-  (configuration ``aa_plain``, run right after vanilla in every round): each round then carries
+  (configuration ``aa_plain``, run next to vanilla in every round): each round then carries
   its own A/A line (give each server ``--gpu-mem`` 0.3). ``--control plain,empty`` adds a fourth
   as well, the plugin loaded with nothing deployed (``aa_empty``): beside the apps-off line it
   splits what the plugin's patches cost from what a deployment's hook ops cost (``--gpu-mem``
@@ -49,7 +49,7 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   the split of its mean TTFT by vLLM's own per-request metrics (``server_metrics``: front end,
   queue, prefill; a table of its own in summary.md), so a TTFT line can be traced to the part
   of the serving path it lies in.
-* ``stop``: stops the two servers (SIGTERM to their process groups, then SIGKILL).
+* ``stop``: stops the servers (SIGTERM to their process groups, then SIGKILL).
 * ``all``: start, rounds, stop in one process (the servers are stopped on exit and on SIGTERM).
 * ``summarize``: rebuilds summary.md / overhead.png from results.json.
 
@@ -69,6 +69,7 @@ With one round a ratio's interval is the point itself.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -119,11 +120,11 @@ def _server_options(q) -> None:
                    help="the second server: xmix (the benchmark deployment); for an A/A calibration of the "
                         "A/B itself, plain (vLLM without the plugin again: configuration aa_plain) or empty "
                         "(the plugin loaded, nothing deployed: aa_empty)")
-    q.add_argument("--control", nargs="?", const="plain", default="", metavar="plain[,empty]",
-                   help="also start a third server, vLLM without the plugin again (configuration aa_plain, "
-                        "port + 2), so that every round measures the pair's own offset beside the apps; "
-                        "with empty, a server with the plugin loaded and nothing deployed too (aa_empty, "
-                        "port + 3)")
+    q.add_argument("--control", nargs="?", const="plain", default="", type=_control_arg, metavar="KINDS",
+                   help="extra servers measured next to vanilla in every round, a comma list of: plain (vLLM "
+                        "without the plugin again: configuration aa_plain, port + 2; the default of a bare "
+                        "--control), so that every round measures the pair's own offset beside the apps; empty "
+                        "(the plugin loaded, nothing deployed: aa_empty, port + 3)")
     q.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
     q.add_argument("--start-timeout", type=float, default=900, help="seconds each server may take to answer")
     q.add_argument("--profiler", action="store_true",
@@ -140,7 +141,7 @@ def _round_options(q) -> None:
     q.add_argument("--rates", default="8,32,inf", help="comma-separated request rates (inf: saturation)")
     q.add_argument("--repeats", type=int, default=3, help="measured rounds (0: warm-up rounds only)")
     q.add_argument("--warmup", type=int, default=1, help="discarded rounds before them")
-    q.add_argument("--warmup-prompts", type=int, default=0,
+    q.add_argument("--warmup-prompts", type=_non_negative, default=0,
                    help="prompts per run of a discarded round (0: --num-prompts); a short warm-up round per "
                         "rate takes the first run of each server at that rate out of the measured rounds")
     q.add_argument("--num-prompts", type=int, default=250)
@@ -151,9 +152,10 @@ def _round_options(q) -> None:
     q.add_argument("--range-ratio", type=float, default=0.9, help="random: prompt lengths input-len * (1 +- this)")
     q.add_argument("--configs", default="", help="comma-separated subset (vanilla always runs)")
     q.add_argument("--order", choices=["abba", "fixed"], default="abba",
-                   help="configurations per round: abba (every second measured round in reverse, so that a "
-                        "run's position in its round, e.g. after a loaded or an idle GPU, cancels over pairs of "
-                        "rounds) or fixed (the --configs order in every round)")
+                   help="configurations per round: abba (rounds with an even number, counted over the "
+                        "folder's results.json, in reverse, so that a run's position in its round, e.g. after a "
+                        "loaded or an idle GPU, cancels over pairs of rounds: give an even --repeats) or fixed "
+                        "(vanilla, the A/A lines, inactive, then the deployment's apps, in every round)")
     q.add_argument("--wait", type=float, default=900, help="seconds to wait for the servers to answer")
     q.add_argument("--profile", default="", metavar="CONFIGS",
                    help="after the rounds, one run of vanilla and of each of these configurations (comma-separated; "
@@ -226,6 +228,21 @@ def build_sharegpt(path: str, n: int, vocab: int, seed: int = 0, output_len: int
 CONTROLS = {"plain": ("control", 2), "empty": ("control_empty", 3)}
 
 
+def _control_arg(text: str) -> str:
+    """``--control``'s value, checked when the command line is parsed (see :func:`control_kinds`)."""
+    try:
+        return ",".join(control_kinds(text))
+    except SystemExit as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _non_negative(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 0")
+    return n
+
+
 def control_kinds(control) -> list[str]:
     """The extra servers of ``start --control`` (``servers.json``'s ``control``: a comma list, or
     a bool as older folders hold it) in :data:`CONTROLS` order.
@@ -246,7 +263,7 @@ def configs_for(app_names: list[str], second: str = "xmix", control=False) -> di
     ``second`` (``start --second``): ``plain`` / ``empty``: the A/A calibration's one
     configuration, ``aa_plain`` / ``aa_empty``, the second server with no selection.
     ``control`` (``start --control``, see :func:`control_kinds`): ``aa_plain`` / ``aa_empty`` on
-    the extra servers, right after vanilla."""
+    the extra servers, next to vanilla."""
     if second != "xmix":
         return {"vanilla": ("vanilla", None), f"aa_{second}": ("xmix", None)}
     out = {"vanilla": ("vanilla", None)}
@@ -272,14 +289,17 @@ def write_sweep_files(out: str, st: dict, dataset_args: list[str], configs: dict
     deployment's ``--config``), one bench entry per configuration and rate (its ``extra_body``).
     What a sweep cannot express is left out and said so in commands.sh: vanilla needs
     ``VLLM_PLUGINS=`` in the server's environment (a second sweep with the vanilla entries only),
-    the K-distinct configurations carry per-request selections, and a sweep runs configurations
-    one after the other per server, not interleaved (A B A B) across the two servers."""
+    the K-distinct configurations carry per-request selections, the A/A servers of ``--control``
+    are left out, and a sweep runs configurations one after the other per server, not
+    interleaved across the servers."""
     os.makedirs(out, exist_ok=True)
     bench, vanilla = {}, {}
     for rate in rates:
         for name, (srv, xmix) in configs.items():
             if isinstance(xmix, str):
                 continue  # K distinct configs: per-request selections
+            if srv.startswith("control"):
+                continue  # the A/A servers (--control) are calibration, not part of the experiment's sweep
             e = {"request_rate": rate}
             if xmix is not None:
                 e["extra_body"] = json.dumps({"vllm_xargs": {"xmix": xmix}})
@@ -577,6 +597,9 @@ def rounds(args) -> int:
         s.wait(args.wait)
     configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False))
     profiled = [c for c in args.profile.split(",") if c]
+    if any(c.startswith("aa_") for c in profiled):
+        args._parser.error("--profile: the A/A servers run without vLLM's profiler; profile the plugin's "
+                           "configurations")
     unknown = sorted({*args.configs.split(","), *profiled} - set(configs) - {""})
     if unknown:
         args._parser.error(f"--configs/--profile: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
@@ -602,7 +625,8 @@ def rounds(args) -> int:
         first = 1 + max((r["round"] for r in runs if r["rate"] == rate and r.get("title", title) == title), default=0)
         plan = [(0, False)] * args.warmup + [(first + i, True) for i in range(args.repeats)]
         for rnd, measured in plan:  # warm-up rounds use seed 0 and are discarded
-            for name in round_order(list(configs), rnd - first if measured else 0, args.order):
+            # abba by the round's number in the folder: rounds added by later commands keep alternating
+            for name in round_order(list(configs), rnd - 1 if measured else 0, args.order):
                 srv, sel = configs[name]
                 f = os.path.join(out, "runs", f"{name}_r{rate}_{rnd if measured else 'warmup'}.json")
                 os.makedirs(os.path.dirname(f), exist_ok=True)
@@ -687,7 +711,8 @@ def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setu
     """Per (rate, workload) and configuration: each metric's median ratio to vanilla and its
     range over rounds, into latest.json (``serve[config]["rate=R"]``; an A/A configuration,
     ``aa_plain`` / ``aa_empty``, under ``calibration[config]["rate=R"]``: how far plain vLLM
-    lies from itself beside these lines, whichever ``configs`` are named)."""
+    lies from itself, and the plugin with nothing deployed from plain vLLM, beside these lines,
+    whichever ``configs`` are named)."""
     done = []
     for (rate, group_title), by_config in common.serve_groups(runs).items():
         if rates is not None and rate not in rates:
