@@ -7,8 +7,7 @@ of ``RequestOutput.mi_results`` as JSON, also kept in ``kv_transfer_params["xmix
 streamed chunks in their choice, the values of the positions new in that chunk
 (:class:`vllm_xmix.results.StreamDelta`), and the final chunk's choice also
 ``mi_results_complete``, all of them (the non-streaming response's ``mi_results``). A streamed
-request that selects no app gets vLLM's own stream generator, unwrapped: apps off cost its
-chunks nothing on the server's event loop."""
+request that selects no app gets vLLM's own stream generator, unwrapped."""
 
 from __future__ import annotations
 
