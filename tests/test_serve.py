@@ -83,6 +83,8 @@ def test_bad_selection_is_http_400_and_the_server_keeps_serving(server, hf):
         status, resp = complete(url, model, PROMPTS[0], xargs)
         assert status == 400, (xargs, status, resp)
         assert msg in json.dumps(resp), (msg, resp)
+        if ": " in msg:  # the OpenAI error body's param is the field the message names
+            assert resp["error"]["param"] == msg.split(": ")[0], resp
     # refused before the response starts: streaming requests get a real 400 too; beam search
     # (which would run without the apps) and reads with several prompts (one kv_transfer_params
     # per response) are refused instead of silently dropping the apps / results
@@ -128,6 +130,8 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
         status, resp = complete(url, model, PROMPTS[0], xargs, **extra)
         assert status == 400, (xargs, extra, status, resp)
         assert msg in json.dumps(resp), (msg, resp)
+        if ": " in msg:  # the OpenAI error body's param is the field the message names
+            assert resp["error"]["param"] == msg.split(": ")[0], (msg, resp)
     status, resp = complete(url, model, PROMPTS[0], mi_apps=["happy"])
     assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
 
@@ -165,12 +169,14 @@ def test_a_selection_on_a_route_apps_do_not_apply_to_is_http_400(server, hf):
             assert status == 400, (path, sel, status, resp)
             msg = resp["error"]["message"]
             assert msg.startswith(f"{field}: apps apply on /v1/completions and /v1/chat/completions only") and path in msg
+            assert resp["error"]["param"] == field, resp
         status, resp = post(url, path, body)  # vLLM's own answer, whatever it is for this model
         assert "apps apply on" not in json.dumps(resp), (path, resp)
     for xargs in ({"xmix": {"name": "happy"}}, {"xmix": [{"name": "happy", "scale": 6}]}):
         status, resp = complete(url, model, PROMPTS[0], xargs)
         assert status == 400 and resp["error"]["message"].startswith(
             "vllm_xargs.xmix: got a") and "JSON text" in resp["error"]["message"], resp
+        assert resp["error"]["param"] == "vllm_xargs.xmix", resp
     status, resp = complete(url, model, PROMPTS[0], {"xmix": ["happy"]})
     assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
 

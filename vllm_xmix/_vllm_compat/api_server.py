@@ -22,7 +22,7 @@ import functools
 import logging
 
 from ..validation.admin import AdminError, check_key, commit_change, list_apps, parse_body, prepare_change
-from ..validation.http import ADMIN_PREFIX, SELECTION_ROUTES, selection_off_route, xargs_type_error
+from ..validation.http import ADMIN_PREFIX, SELECTION_ROUTES, error_param, selection_off_route, xargs_type_error
 from .core import mark
 from .output_processor import live_versions
 
@@ -104,7 +104,8 @@ def _error(status: int, message: str):
     from fastapi.responses import JSONResponse
 
     return JSONResponse(status_code=status, content={"error": {
-        "message": message, "type": _STATUS_TYPE.get(status, "Error"), "param": None, "code": status}})
+        "message": message, "type": _STATUS_TYPE.get(status, "Error"), "param": error_param(message),
+        "code": status}})
 
 
 def add_app_routes(app) -> None:

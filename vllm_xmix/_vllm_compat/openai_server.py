@@ -20,7 +20,7 @@ import msgspec
 from ..results import StreamDelta
 from ..spec import CONFIG_KEY
 from ..validation import http_precheck
-from ..validation.http import _n_prompts, parse_json
+from ..validation.http import _n_prompts, error_param, parse_json
 from .core import mark
 
 logger = logging.getLogger("vllm.xmix")
@@ -38,8 +38,8 @@ def patch_openai_server() -> None:
         @functools.wraps(orig)
         async def create(self, request, *args, **kwargs):
             err = http_precheck(self, request, prompts(request))
-            if err is not None:
-                return self.create_error_response(err)
+            if err is not None:  # the OpenAI error body's param: the field the message names
+                return self.create_error_response(err, param=error_param(err))
             resp = await orig(self, request, *args, **kwargs)
             kv = getattr(resp, "kv_transfer_params", None)
             if isinstance(kv, dict) and "xmix_results" in kv:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 
 import msgspec
 
@@ -26,6 +27,19 @@ SELECTION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 ADMIN_PREFIX = "/v1/mi/"
 #: the longest route path an error message repeats
 _MAX_ECHO = 80
+
+
+#: the field an error message starts with (``"<field>: ..."``, as every selection error here is
+#: written): a dotted path with list indices, e.g. ``vllm_xargs.xmix[0].scale``
+_FIELD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\]|\.[A-Za-z_][A-Za-z0-9_]*)*): ")
+
+
+def error_param(message: str) -> str | None:
+    """The request field an error ``message`` names first, for the OpenAI error body's ``param``
+    (``"vllm_xargs.xmix[0].name: unknown app 'nope'"`` -> ``"vllm_xargs.xmix[0].name"``), or None
+    for a message that does not start with one."""
+    m = _FIELD.match(message)
+    return m.group(1) if m else None
 
 
 def _looks_like_selection(key: str) -> bool:
