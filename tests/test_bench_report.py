@@ -162,7 +162,7 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     assert list(both)[:4] == ["vanilla", "aa_plain", "aa_empty", "inactive"]
     assert both["aa_empty"] == ("control_empty", None) and both["aa_plain"] == ("control", None)
     assert serve.configs_for(["steer_all"], control="plain") == serve.configs_for(["steer_all"], control=True)
-    with pytest.raises(SystemExit, match="unknown server kind"):
+    with pytest.raises(ValueError, match="unknown server kind"):
         serve.configs_for(["steer_all"], control="plain,emtpy")
     # rounds run A B C, C B A, ... (abba) so that a run's position in its round cancels over pairs
     assert [serve.round_order(["a", "b", "c"], k) for k in range(3)] == [["a", "b", "c"], ["c", "b", "a"],

@@ -17,9 +17,9 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   to the first answer of ``/health``) and CUDA-graph capture (seconds, GiB, from the logs).
 * ``rounds``: against the running servers: for each ``--rates`` rate, ``--warmup`` discarded
   rounds, then ``--repeats`` rounds; in each round every configuration once (vanilla, inactive,
-  app1, app2, ..., and with ``--order abba``, the default, every second measured round in
-  reverse: a run's position in its round, after the GPU ran another server's run or sat idle,
-  and drift over the rounds cancel over pairs of rounds). A configuration
+  app1, app2, ..., and with ``--order abba``, the default, the even-numbered rounds of the
+  folder in reverse: a run's position in its round, after the GPU ran another server's run or
+  sat idle, and drift over the rounds cancel over pairs of rounds). A configuration
   is a server plus the per-request selection (``--extra-body '{"vllm_xargs": {"xmix": [...]}}'``).
   ``vllm bench serve`` runs in this process, and every run replaces the first token of each
   prompt with a fresh one, so no run is served from another run's prefix cache. Rounds add to
@@ -232,7 +232,7 @@ def _control_arg(text: str) -> str:
     """``--control``'s value, checked when the command line is parsed (see :func:`control_kinds`)."""
     try:
         return ",".join(control_kinds(text))
-    except SystemExit as e:
+    except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
@@ -248,13 +248,13 @@ def control_kinds(control) -> list[str]:
     a bool as older folders hold it) in :data:`CONTROLS` order.
 
     Raises:
-        SystemExit: a kind other than plain / empty."""
+        ValueError: a kind other than plain / empty."""
     if isinstance(control, bool) or control is None:
         return ["plain"] if control else []
     kinds = [k for k in str(control).split(",") if k]
     bad = [k for k in kinds if k not in CONTROLS]
     if bad:
-        raise SystemExit(f"--control: unknown server kind(s) {bad}; known: {', '.join(CONTROLS)}")
+        raise ValueError(f"--control: unknown server kind(s) {bad}; known: {', '.join(CONTROLS)}")
     return [k for k in CONTROLS if k in kinds]
 
 

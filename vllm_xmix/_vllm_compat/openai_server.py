@@ -51,8 +51,8 @@ def patch_openai_server() -> None:
     def wrap_stream(orig, gen_index):
         @functools.wraps(orig)
         def stream(self, request, *args, **kwargs):
-            """vLLM's stream generator itself for a request that selects no app (nothing of the
-            plugin's runs per chunk of it), else :func:`stream_with_reads` around it."""
+            """vLLM's stream generator itself for a request that selects no app, else
+            :func:`stream_with_reads` around it."""
             if CONFIG_KEY not in (getattr(request, "vllm_xargs", None) or {}):
                 return orig(self, request, *args, **kwargs)
             return stream_with_reads(orig, gen_index, self, request, args, kwargs)
