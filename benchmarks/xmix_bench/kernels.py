@@ -23,6 +23,16 @@ runs), ``xmix_norm`` (the plugin's kernel without writes), ``xmix_off`` / ``xmix
 entry, every token on the null slot / steered; ``xmix_on_w16`` / ``xmix_on_w4``: steered, launched with
 16 / 4 warps per program instead of 8), ``xmix_ablate_off`` / ``xmix_ablate`` (one projection
 entry with the row semantics, a directional ablation: null slot / on).
+
+``--kernel norm-launch`` (CUDA): what a step without CUDA graphs (more tokens than the largest
+captured size) pays on the host per launch of those kernels: each one launched eagerly
+``--calls`` times in a row on ``[T, D]``, host CPU microseconds per launch (the launching
+thread's CPU time, so the device's own time does not count) and wall microseconds per launch
+(a launch loop that outruns the device waits for it: wall above CPU means the device bounded
+the loop). ``vllm`` (vLLM's CUDA ``fused_add_rms_norm`` called through ``torch.ops._C``: the
+plugin's hosted norm with no app on), ``xmix_on`` (the plugin's kernel with one add entry, the
+tokens steered) and ``xmix_ablate`` (one projection entry, row semantics), all through their
+Python entry points as the hook op calls them.
 """
 
 from __future__ import annotations
@@ -37,8 +47,10 @@ HELP = "the steering kernel alone (CUDA-graph microbenchmark; torch reference or
 
 def add_arguments(p) -> None:
     p.add_argument("--tokens", help="comma-separated token counts T (default 1,8,64,512,8192 on CUDA, 1,8,64 on CPU)")
-    p.add_argument("--kernel", choices=["add", "norm"], default="add",
-                   help="add: the steering add alone; norm: the add + RMSNorm kernel against vLLM's and Inductor's")
+    p.add_argument("--kernel", choices=["add", "norm", "norm-launch"], default="add",
+                   help="add: the steering add alone; norm: the add + RMSNorm kernel against vLLM's and Inductor's "
+                        "(device time, CUDA graphs); norm-launch: host time per eager launch of those kernels")
+    p.add_argument("--calls", type=int, default=2000, help="norm-launch: launches per timed loop")
     p.add_argument("--d-model", type=int, default=4096)
     p.add_argument("--layers", type=int, default=32, help="launches per measurement (one per layer)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
@@ -61,6 +73,10 @@ def main(args) -> int:
         if device != "cuda":
             raise SystemExit("--kernel norm: CUDA only (it compares against vLLM's CUDA kernel)")
         res = {str(T): bench_norm(T, args.d_model, args.layers, dtype) for T in tokens}
+    elif args.kernel == "norm-launch":
+        if device != "cuda":
+            raise SystemExit("--kernel norm-launch: CUDA only (it times launches of CUDA kernels)")
+        res = {str(T): bench_norm_launch(T, args.d_model, dtype, args.calls) for T in tokens}
     else:
         res = {str(T): bench(T, args.d_model, args.layers, impl, device, dtype, args.cpu_repeats) for T in tokens}
     out = {"kernel": args.kernel, "device": device, "impl": impl, "dtype": args.dtype, "d_model": args.d_model, "layers": args.layers,
@@ -164,6 +180,49 @@ def bench_norm(T: int, D: int, layers: int, dtype, eps: float = 1e-5) -> dict:
         out[name] = timer(lambda: [add_rms_norm_triton(x, r, w, eps, toks[slot], coef, ent, proj, values, vec, True)
                                    for x, r in zip(xs, rs)])
     return {k: round(v * 1e3 / layers, 2) for k, v in out.items()}
+
+
+def bench_norm_launch(T: int, D: int, dtype, calls: int = 2000, repeats: int = 5, eps: float = 1e-5) -> dict:
+    """Host cost per eager launch of the hosted norm's kernels on ``[T, D]`` (module
+    docstring): for each kernel, the median over ``repeats`` loops of ``calls`` launches of the
+    launching thread's CPU microseconds per launch (``<name>_cpu_us``) and of the wall
+    microseconds per launch, the device drained after each loop (``<name>_wall_us``)."""
+    import torch
+
+    from vllm_xmix.kernels.add_rms_norm import add_rms_norm_triton
+
+    (x, r), coef, vec, ent = _inputs(T, D, "cuda", dtype, 2)
+    w = torch.ones(D, device="cuda", dtype=dtype)
+    kinds = torch.zeros(1, dtype=torch.int32, device="cuda")
+    proj = torch.ones(1, dtype=torch.int32, device="cuda")
+    values = torch.zeros(1, dtype=torch.float32, device="cuda")
+    tok = torch.ones(T, dtype=torch.int32, device="cuda")
+    fns = {}
+    try:
+        import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
+
+        fused = torch.ops._C.fused_add_rms_norm
+        fns["vllm"] = lambda: fused(x, r, w, eps)
+    except Exception as e:  # no vLLM CUDA build here
+        print(f"vllm fused_add_rms_norm: not available ({e})")
+    fns["xmix_on"] = lambda: add_rms_norm_triton(x, r, w, eps, tok, coef, ent, kinds, values, vec, False)
+    fns["xmix_ablate"] = lambda: add_rms_norm_triton(x, r, w, eps, tok, coef, ent, proj, values, vec, True)
+    out = {}
+    for name, fn in fns.items():
+        fn()  # compile / load
+        torch.cuda.synchronize()
+        cpu, wall = [], []
+        for _ in range(repeats):
+            c, t = time.thread_time(), time.perf_counter()
+            for _ in range(calls):
+                fn()
+            c = time.thread_time() - c
+            torch.cuda.synchronize()
+            wall.append((time.perf_counter() - t) / calls * 1e6)
+            cpu.append(c / calls * 1e6)
+        out[f"{name}_cpu_us"] = round(common.median(cpu), 2)
+        out[f"{name}_wall_us"] = round(common.median(wall), 2)
+    return out
 
 
 def check(T: int, D: int, device: str, dtype) -> dict:
