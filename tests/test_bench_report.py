@@ -115,7 +115,8 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     # a serve folder's results.json: vanilla and inactive in 3 rounds, ratios paired by round
     runs = []
     for rnd, (van, ina) in enumerate(((5.0, 5.05), (5.2, 5.2), (5.1, 5.0)), start=1):
-        for cfg, itl in (("vanilla", van), ("aa_plain", van), ("aa_empty", 1.02 * van), ("inactive", ina)):
+        for cfg, itl in (("vanilla", van), ("aa_plain", van), ("aa_empty", 1.02 * van), ("inactive", ina),
+                         ("alt_inactive", 1.5 * ina)):
             runs.append({"rate": "16", "round": rnd, "config": cfg, "title": "llama31_8b, 400 prompts",
                          "commit": "c3", "date": "2026-12-03",
                          "result": {"mean_itl_ms": itl, "p99_itl_ms": 2 * itl, "mean_ttft_ms": 30.0,
@@ -129,6 +130,8 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     assert (e["commit"], e["date"]) == ("c3", "2026-12-03")
     model = json.loads(open(lp).read())["models"][MODEL]
     assert "aa_plain" not in model["serve"]  # calibration, no budget line
+    # another graph-variant policy than the default's (start --alt-variants): no line of latest.json
+    assert not any(c.startswith("alt_") for c in [*model["serve"], *model["calibration"]])
     cal = model["calibration"]["aa_plain"]["rate=16"]  # the A/A pair: identical values, ratio 1 every round
     assert cal["mean_itl"] == {"ratio": 1.0, "min": 1.0, "max": 1.0, "n": 3}
     row = _row(open(md).read(), "aa_plain")
@@ -164,6 +167,22 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     assert serve.configs_for(["steer_all"], control="plain") == serve.configs_for(["steer_all"], control=True)
     with pytest.raises(ValueError, match="unknown server kind"):
         serve.configs_for(["steer_all"], control="plain,emtpy")
+    # --alt-variants: the same deployment on a server with another graph-variant policy
+    alt = serve.configs_for(["steer_all", "probe_one"], alt="onoff")
+    assert alt["alt_inactive"] == ("alt", None) and alt["alt_steer_all"] == ("alt", ["steer_all"])
+    assert alt["steer_all"] == ("xmix", ["steer_all"]) and "alt_all_apps" not in alt
+    assert not any(c.startswith("alt_") for c in serve.configs_for(["steer_all"]))
+    assert serve.ALT_VARIANTS["onoff"] == {"VLLM_XMIX_GRAPH_VARIANTS": "onoff"}
+    from vllm_xmix.runtime.variants import graph_variant_settings, piecewise_variant_setting
+
+    for mode, env in serve.ALT_VARIANTS.items():  # each mode's environment is one the runtime takes
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            assert (graph_variant_settings()[0], piecewise_variant_setting()) == {
+                "onoff": ("onoff", "apps"), "pieces": ("apps", "onoff"), "none": ("0", "apps")}[mode]
+    with pytest.raises(SystemExit):
+        main(["serve", "start", "--out", str(tmp_path / "x"), "--model", "m", "--alt-variants", "onof"])
     # rounds run A B C, C B A, ... (abba) so that a run's position in its round cancels over pairs
     assert [serve.round_order(["a", "b", "c"], k) for k in range(3)] == [["a", "b", "c"], ["c", "b", "a"],
                                                                           ["a", "b", "c"]]

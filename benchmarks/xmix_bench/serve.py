@@ -43,6 +43,13 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   splits what the plugin's patches cost from what a deployment's hook ops cost (``--gpu-mem``
   0.22 each). A/A lines go to latest.json's
   ``calibration`` (a row of their own in the Current table, no budget line).
+  ``start --alt-variants MODE`` adds one more server: the plugin with the same deployment and
+  another CUDA-graph variant policy (:data:`ALT_VARIANTS`: ``onoff``, two variants, app-free and
+  every site; ``pieces``, per-app FULL graphs and two piecewise tables; ``none``, one capture
+  with every hook op), port + 4, configurations ``alt_inactive`` and ``alt_<app>``: what the
+  default per-app variants buy in latency against what they cost in start-up and graph memory
+  (each server's start-up and capture go to servers.json), measured in the same rounds. Those
+  lines are not the default setting's: summary.md has them, latest.json does not.
   Every run also records the CPU time of the server's processes over the run
   (``cpu_usage.CpuMeter``: the API server and the engine core, each busy fraction and its
   busiest thread's), so a throughput line can be traced to the process that bounded it, and
@@ -125,6 +132,11 @@ def _server_options(q) -> None:
                         "without the plugin again: configuration aa_plain, port + 2; the default of a bare "
                         "--control), so that every round measures the pair's own offset beside the apps; empty "
                         "(the plugin loaded, nothing deployed: aa_empty, port + 3)")
+    q.add_argument("--alt-variants", choices=sorted(ALT_VARIANTS), default=None, metavar="MODE",
+                   help="one more server, port + 4: the plugin with the same deployment and another CUDA-graph "
+                        "variant policy (onoff: app-free and every site; pieces: per-app FULL graphs, two "
+                        "piecewise tables; none: one capture, every hook op): configurations alt_inactive, "
+                        "alt_<app>, in summary.md, not in latest.json")
     q.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
     q.add_argument("--start-timeout", type=float, default=900, help="seconds each server may take to answer")
     q.add_argument("--profiler", action="store_true",
@@ -227,6 +239,16 @@ def build_sharegpt(path: str, n: int, vocab: int, seed: int = 0, output_len: int
 #: ``start --control`` kinds: the extra server's name, its port's offset from vanilla's
 CONTROLS = {"plain": ("control", 2), "empty": ("control_empty", 3)}
 
+#: ``start --alt-variants`` modes: the environment that sets the alternative server's CUDA-graph
+#: variant policy (``vllm_xmix.runtime.variants``)
+ALT_VARIANTS = {"onoff": {"VLLM_XMIX_GRAPH_VARIANTS": "onoff"},
+                "pieces": {"VLLM_XMIX_PIECEWISE_VARIANTS": "onoff"},
+                "none": {"VLLM_XMIX_GRAPH_VARIANTS": "0"}}
+#: the alternative server's name and its port's offset from vanilla's
+ALT_SERVER = ("alt", 4)
+#: environment variables of the plugin that servers.json records (the xmix server's settings)
+_XMIX_ENV = ("VLLM_XMIX_GRAPH_VARIANTS", "VLLM_XMIX_MAX_GRAPH_VARIANTS", "VLLM_XMIX_PIECEWISE_VARIANTS")
+
 
 def _control_arg(text: str) -> str:
     """``--control``'s value, checked when the command line is parsed (see :func:`control_kinds`)."""
@@ -258,12 +280,14 @@ def control_kinds(control) -> list[str]:
     return [k for k in CONTROLS if k in kinds]
 
 
-def configs_for(app_names: list[str], second: str = "xmix", control=False) -> dict[str, tuple[str, object]]:
+def configs_for(app_names: list[str], second: str = "xmix", control=False,
+                alt: str | None = None) -> dict[str, tuple[str, object]]:
     """name -> (server, the requests' vllm_xargs["xmix"], "K<k>" for k distinct configs, or None).
     ``second`` (``start --second``): ``plain`` / ``empty``: the A/A calibration's one
     configuration, ``aa_plain`` / ``aa_empty``, the second server with no selection.
     ``control`` (``start --control``, see :func:`control_kinds`): ``aa_plain`` / ``aa_empty`` on
-    the extra servers, next to vanilla."""
+    the extra servers, next to vanilla. ``alt`` (``start --alt-variants``, a mode, or None):
+    ``alt_inactive`` and ``alt_<app>`` for each app, on the alternative server."""
     if second != "xmix":
         return {"vanilla": ("vanilla", None), f"aa_{second}": ("xmix", None)}
     out = {"vanilla": ("vanilla", None)}
@@ -275,6 +299,10 @@ def configs_for(app_names: list[str], second: str = "xmix", control=False) -> di
     for k in K_CONFIGS:  # steer_all with k different per-request scales; k=1 is "steer_all"
         out[f"steer_all_K{k}"] = ("xmix", f"K{k}")
     out["all_apps"] = ("xmix", [n for n in app_names if n != "router_mask"])
+    if alt:
+        out["alt_inactive"] = (ALT_SERVER[0], None)
+        for n in app_names:
+            out[f"alt_{n}"] = (ALT_SERVER[0], [n])
     return out
 
 
@@ -298,8 +326,8 @@ def write_sweep_files(out: str, st: dict, dataset_args: list[str], configs: dict
         for name, (srv, xmix) in configs.items():
             if isinstance(xmix, str):
                 continue  # K distinct configs: per-request selections
-            if srv.startswith("control"):
-                continue  # the A/A servers (--control) are calibration, not part of the experiment's sweep
+            if srv.startswith("control") or srv == ALT_SERVER[0]:
+                continue  # the A/A servers (--control) are calibration, the alternative policy another setting
             e = {"request_rate": rate}
             if xmix is not None:
                 e["extra_body"] = json.dumps({"vllm_xargs": {"xmix": xmix}})
@@ -450,6 +478,7 @@ def start(args, profiler: bool | None = None) -> dict:
           "vocab_size": cfg["vocab_size"], "serving_dir": serving, "xmix_config": xmix_cfg,
           "apps": [a.name for a in apps] if args.second == "xmix" else [], "second": args.second,
           "fused_writes": args.fused_writes, "server_args": server_args,
+          "xmix_env": {k: os.environ[k] for k in _XMIX_ENV if k in os.environ},
           "profiler": profiler, "commit": common.git_commit(), "date": common.today(),
           "command": common.command_line(), "servers": {}}
     second_args = ["--config", xmix_cfg] if args.second == "xmix" else []
@@ -464,6 +493,13 @@ def start(args, profiler: bool | None = None) -> dict:
         env = dict(os.environ, VLLM_PLUGINS="") if kind == "plain" else dict(os.environ)
         plans += ((name, args.port + offset, server_args, env),)
     st["control"] = ",".join(kinds)
+    alt = getattr(args, "alt_variants", None)
+    if alt:
+        if args.second != "xmix":
+            raise SystemExit("--alt-variants: only with --second xmix (it serves the same deployment)")
+        plans += ((ALT_SERVER[0], args.port + ALT_SERVER[1], server_args + second_args,
+                   dict(os.environ, **ALT_VARIANTS[alt])),)
+        st["alt_variants"] = {"mode": alt, "env": ALT_VARIANTS[alt]}
     launched = []
     try:
         for name, port, sargs, env in plans:
@@ -595,11 +631,12 @@ def rounds(args) -> int:
     servers = {n: Server.from_record(r) for n, r in st["servers"].items()}
     for s in servers.values():
         s.wait(args.wait)
-    configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False))
+    configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False),
+                          (st.get("alt_variants") or {}).get("mode"))
     profiled = [c for c in args.profile.split(",") if c]
-    if any(c.startswith("aa_") for c in profiled):
-        args._parser.error("--profile: the A/A servers run without vLLM's profiler; profile the plugin's "
-                           "configurations")
+    if any(c.startswith(("aa_", "alt_")) for c in profiled):
+        args._parser.error("--profile: the A/A and alternative servers run without vLLM's profiler; profile the "
+                           "plugin's configurations")
     unknown = sorted({*args.configs.split(","), *profiled} - set(configs) - {""})
     if unknown:
         args._parser.error(f"--configs/--profile: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
@@ -720,6 +757,8 @@ def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setu
         for cfg, stats in common.serve_ratios(by_config).items():
             if configs is not None and cfg not in configs and not cfg.startswith("aa_"):
                 continue
+            if cfg.startswith("alt_"):
+                continue  # another variant policy than the default's (start --alt-variants): summary.md only
             rounds_ = [by_config[cfg][i] for i in sorted(by_config[cfg])]
             n = stats.pop("rounds")
             workload = f"{title or group_title}, rate {rate}, " + ("1 round" if n == 1 else f"{n} interleaved rounds")
