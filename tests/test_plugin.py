@@ -27,6 +27,7 @@ def test_register_idempotent_and_patches_in_place():
     register()
     compat.apply_patches()  # even a forced second pass must not wrap twice
     assert compat._PATCHED == before
+    assert "vllm.envs.environment_variables" in before  # a table entry is recorded like a wrapped attribute
     assert LlamaDecoderLayer.__init__ is init
     assert getattr(InputProcessor.process_inputs, "__xmix_patched__", False)
     import torch

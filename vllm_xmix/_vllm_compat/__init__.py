@@ -80,8 +80,7 @@ def apply_patches() -> list[str]:
     patch_api_server()
     patch_worker()
     patch_args_log()
-    if patch_envs():
-        _PATCHED.append("vllm.envs.environment_variables")
+    patch_envs()
     return list(_PATCHED)
 
 

@@ -61,6 +61,13 @@ def mark(name: str, target, attr: str, wrapper) -> None:
     _PATCHED.append(name)
 
 
+def record(name: str) -> None:
+    """Record a patch that is not a wrapped attribute (:func:`mark`) nor a new method
+    (:func:`add_method`), e.g. entries added to a vLLM table, once."""
+    if name not in _PATCHED:
+        _PATCHED.append(name)
+
+
 def optional_import(module: str, *names: str) -> tuple | None:
     """``names`` from the vLLM module ``module``, or None where it does not import here (the V2
     model runner's modules need Triton: CPU builds run V1)."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 
+from .core import record
+
 #: the plugin's environment variables -> whether their value may enter the compile cache key
 PLUGIN_ENV = {
     "VLLM_XMIX_GRAPH_VARIANTS": True,
@@ -40,4 +42,6 @@ def patch_envs() -> list[str]:
         if name not in table:
             table[name] = _getter(name, value_in_key)
             added.append(name)
+    if added:
+        record("vllm.envs.environment_variables")
     return added
