@@ -168,6 +168,55 @@ def test_only_requests_with_apps_get_the_plugins_per_output_code(chunked, hf):
     assert probed.mi_results["pr"]["probe"].shape == (len(PROMPTS[2]) + 4 - 1,)
 
 
+def test_an_engine_core_request_added_directly_is_checked_and_salted(chunked, hf):
+    """An ``EngineCoreRequest`` passed to ``add_request`` (vLLM's deprecated path, which skips
+    ``process_inputs``) gets the same selection check, canonical form and cache salt: a
+    malformed selection is a ValueError naming the request before anything reaches the engine
+    core (which keeps serving), and a probe in the caller's own form (a name list) still
+    computes every prompt position, so its values equal HF's even when that prompt's blocks are
+    in the prefix cache from a request without apps."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    engine = chunked.llm_engine
+    raw = InputProcessor.process_inputs.__wrapped__  # vLLM's own: no check, no salt
+
+    def request(rid, sel, max_tokens=4):
+        params = VllmSamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                                    extra_args=None if sel is None else {"xmix": sel})
+        return raw(engine.input_processor, rid, {"prompt_token_ids": LONG}, params,
+                   supported_tasks=engine.get_supported_tasks())
+
+    def run(req):
+        engine.add_request(req.request_id, req, req.sampling_params)
+        done = None
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                done = o if o.finished else done
+        return done
+
+    first = run(request("ecr-plain", None))  # LONG's blocks now in the prefix cache, unsalted
+    assert first.mi_results is None and list(first.outputs[0].token_ids) == hf.greedy(LONG, 4)
+    for bad, field in ((["nope"], "unknown app"), ([{"name": "pr", "scale": "high"}], "scale")):
+        with pytest.raises(ValueError, match=f"request ecr-bad: extra_args.xmix.*{field}"):
+            engine.add_request("ecr-bad", request("ecr-bad", bad), None)
+        assert not engine.has_unfinished_requests() and "ecr-bad" not in engine.output_processor.request_states
+    o = run(request("ecr-probe", ["pr"]))
+    assert o.num_cached_tokens == 0, "a probe's prompt must be computed, not read from the prefix cache"
+    assert list(o.outputs[0].token_ids) == hf.greedy(LONG, 4)
+    check_pr(o, LONG, hf)
+    # one that came out of the (patched) process_inputs is canonical already: checked again, unchanged
+    req = engine.input_processor.process_inputs("ecr-processed", {"prompt_token_ids": LONG},
+                                                sp(["pr"], max_tokens=4), supported_tasks=engine.get_supported_tasks())
+    wire, salt = req.sampling_params.extra_args["xmix"], req.cache_salt
+    o = run(req)
+    assert req.sampling_params.extra_args["xmix"] == wire and req.cache_salt.startswith(salt)
+    assert o.num_cached_tokens == 0
+    check_pr(o, LONG, hf)
+    again = run(request("ecr-plain-2", None))  # the engine still serves, the cache as before
+    assert list(again.outputs[0].token_ids) == hf.greedy(LONG, 4) and again.num_cached_tokens > 0
+
+
 def test_a_stream_without_apps_is_vllms_own_generator():
     """A streamed completion or chat request that selects no app gets vLLM's stream generator
     itself (nothing of the plugin per chunk on the server's event loop); one that selects apps

@@ -101,7 +101,7 @@ def patch_output_processor() -> None:
                 if vs:
                     st.__dict__[_VERSIONS_ATTR] = vs
                 has_apps = bool(vs)
-            else:  # a request added as an EngineCoreRequest keeps the caller's form (names, JSON text)
+            else:  # (every request that entered through the engine is canonical: input_processor)
                 has_apps = bool(sel)
             if has_apps and not isinstance(st, _AppsRequestOutputs):
                 st.__class__ = _apps_class(type(st))
