@@ -125,11 +125,22 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
                               ({"xmix": ["happy"]}, {"mi_apps": ["sad"]}, "give the selection once"),
                               (None, {"mi_apps": 5}, "mi_apps: expected a list of apps, got int"),
                               (None, {"mi_apps": {}}, "mi_apps: expected a list of apps (or its wire form"),
+                              (None, {"mi_apps": '["happy"]'}, "mi_apps: expected a list of apps (names"),
+                              (None, {"mi-apps": ["happy"]}, "mi-apps: unknown request field"),
+                              ({"xmix ": ["happy"]}, {}, 'vllm_xargs["xmix "]: unknown key'),
+                              # containers the server does not read a selection from: the apps would not run
+                              (None, {"vllm_xarg": {"xmix": ["happy"]}}, "vllm_xarg.xmix: not read by this server"),
+                              (None, {"extra_args": {"xmix": ["happy"]}, "stream": True},
+                               "extra_args.xmix: not read by this server"),
+                              (None, {"kv_transfer_params": {"xmix": {"apps": [{"name": "happy"}]}}},
+                               "kv_transfer_params.xmix: not read by this server"),
+                              ({"xmix": "[" * 3000 + "]" * 3000}, {}, "vllm_xargs.xmix: JSON text nested too deeply"),
+                              ({"xmix": '"happy"'}, {}, 'vllm_xargs.xmix: expected a list of apps (e.g. ["happy"])'),
                               # 0.5 x 1e30 fits float32, but not the next RMSNorm's sum of squares
                               (None, {"mi_apps": [{"name": "happy", "scale": 1e30}]}, "stay finite here")):
         status, resp = complete(url, model, PROMPTS[0], xargs, **extra)
         assert status == 400, (xargs, extra, status, resp)
-        assert msg in json.dumps(resp), (msg, resp)
+        assert msg in resp["error"]["message"], (msg, resp)
         if ": " in msg:  # the OpenAI error body's param is the field the message names
             assert resp["error"]["param"] == msg.split(": ")[0], (msg, resp)
     status, resp = complete(url, model, PROMPTS[0], mi_apps=["happy"])
@@ -164,7 +175,9 @@ def test_a_selection_on_a_route_apps_do_not_apply_to_is_http_400(server, hf):
               "/inference/v1/generate": {"model": model, "token_ids": [1, 2, 3], "sampling_params": {"max_tokens": N}},
               "/tokenize": {"model": model, "prompt": "The cat sat on"}}
     for path, body in bodies.items():
-        for sel, field in (({"mi_apps": ["happy"]}, "mi_apps"), ({"vllm_xargs": {"xmix": ["probe"]}}, "vllm_xargs.xmix")):
+        for sel, field in (({"mi_apps": ["happy"]}, "mi_apps"), ({"vllm_xargs": {"xmix": ["probe"]}}, "vllm_xargs.xmix"),
+                           ({"sampling_params": {**body.get("sampling_params", {}), "extra_args": {"xmix": ["happy"]}}},
+                            "sampling_params.extra_args.xmix")):
             status, resp = post(url, path, {**body, **sel})
             assert status == 400, (path, sel, status, resp)
             msg = resp["error"]["message"]

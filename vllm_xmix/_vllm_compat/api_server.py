@@ -22,7 +22,8 @@ import functools
 import logging
 
 from ..validation.admin import AdminError, check_key, commit_change, list_apps, parse_body, prepare_change
-from ..validation.http import ADMIN_PREFIX, SELECTION_ROUTES, error_param, selection_off_route, xargs_type_error
+from ..validation.http import (ADMIN_PREFIX, SELECTION_ROUTES, error_param, misplaced_selection, selection_off_route,
+                               xargs_type_error)
 from .core import mark
 from .output_processor import live_versions
 
@@ -60,7 +61,9 @@ class SelectionRouteGuard:
     ``/inference/v1/generate``, ...) is answered with HTTP 400 naming the field and the route:
     those routes would run the request without the apps, or without returning read values. On
     the two routes apps apply to, a ``vllm_xargs.xmix`` of a type vLLM's request model rejects (an
-    object) gets a 400 that says how to send it, instead of vLLM's validation dump. The body is
+    object) gets a 400 that says how to send it, instead of vLLM's validation dump, and so does
+    an ``xmix`` / ``mi_apps`` key the server would not read (``extra_args.xmix``,
+    ``kv_transfer_params.xmix``, a misspelled ``vllm_xargs``). The body is
     read whole and handed on unchanged; other methods, content types and the ``/v1/mi/`` routes
     pass through untouched."""
 
@@ -85,7 +88,7 @@ class SelectionRouteGuard:
             more = msg.get("more_body", False)
         body = b"".join(chunks)
         on_route = path.rstrip("/") in SELECTION_ROUTES
-        err = xargs_type_error(body) if on_route else selection_off_route(path, body)
+        err = (xargs_type_error(body) or misplaced_selection(body)) if on_route else selection_off_route(path, body)
         if err is not None:
             return await _error(400, err)(scope, receive, send)
         sent = False

@@ -37,11 +37,14 @@ def _fmt_validation_error(prefix: str, e: ValidationError) -> str:
 
 
 def _json(s: str, field: str) -> Any:
-    """``json.loads(s)``. Raises XmixSpecError ``{field}: not valid JSON (...)``."""
+    """``json.loads(s)``. Raises XmixSpecError ``{field}: not valid JSON (...)``, or
+    ``{field}: nested too deeply`` (JSON text deeper than the parser's recursion limit)."""
     try:
         return json.loads(s)
     except json.JSONDecodeError as e:
         raise XmixSpecError(f"{field}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise XmixSpecError(f"{field}: JSON text nested too deeply (a selection is a flat list of apps)") from None
 
 
 def _validated(model: type[M], data, prefix: str, *, from_json: bool = False) -> M:

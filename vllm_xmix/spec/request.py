@@ -3,6 +3,7 @@ checking it against the deployment, and the canonical wire form."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -18,7 +19,14 @@ def _coerce_request_list(raw: Any, field: str) -> list[Any]:
             raise XmixSpecError(f"{field}: empty; expected a list of apps, e.g. ['happy'] or "
                                 "'[{\"name\": \"happy\", \"scale\": 4}]'")
         if not raw.lstrip().startswith(("[", "{")):
-            raise XmixSpecError(f"{field}: expected a list of apps (e.g. [{raw!r}]), got str {raw!r}")
+            try:  # JSON text of a name, null, a number: say so, with the list it should be
+                inner = json.loads(raw)
+            except (ValueError, RecursionError):
+                inner = raw
+            if isinstance(inner, str):
+                raise XmixSpecError(f"{field}: expected a list of apps (e.g. {json.dumps([inner])}), got "
+                                    f"{'the name' if inner == raw else 'the JSON string'} {raw!r}")
+            raise XmixSpecError(f"{field}: expected a list of apps (e.g. [\"happy\"]), got JSON {raw.strip()}")
         raw = _json(raw, field)
     if isinstance(raw, dict):
         if "apps" not in raw or set(raw) - {"apps"}:

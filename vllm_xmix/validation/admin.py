@@ -88,7 +88,7 @@ def parse_body(raw: bytes) -> dict:
         AdminError: 400 for a body that is not a UTF-8 JSON object (pickles included)."""
     try:
         body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise AdminError(400, "body: expected a JSON object (an app: {\"name\", \"ops\": [...]}, vectors inline); "
                               "nothing else (no pickles) is read") from None
     if not isinstance(body, dict):

@@ -29,9 +29,25 @@ ADMIN_PREFIX = "/v1/mi/"
 _MAX_ECHO = 80
 
 
+#: a key in a field path: a name (hyphens allowed), or any other key as ``["..."]`` (JSON-quoted)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_QUOTED = r'\["(?:[^"\\]|\\.)*"\]'
 #: the field an error message starts with (``"<field>: ..."``, as every selection error here is
-#: written): a dotted path with list indices, e.g. ``vllm_xargs.xmix[0].scale``
-_FIELD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\]|\.[A-Za-z_][A-Za-z0-9_]*)*): ")
+#: written): a dotted path with list indices, e.g. ``vllm_xargs.xmix[0].scale`` or
+#: ``vllm_xargs["xmix "]``
+_FIELD = re.compile(rf"((?:[A-Za-z_][A-Za-z0-9_-]*|{_QUOTED})(?:\[\d+\]|\.[A-Za-z_][A-Za-z0-9_-]*|{_QUOTED})*): ")
+#: top-level fields of a request body that hold content or schemas, never a selection (not scanned
+#: by :func:`misplaced_selection`)
+_CONTENT_FIELDS = frozenset({"messages", "prompt", "input", "suffix", "tools", "tool_choice", "response_format",
+                             "structured_outputs", "guided_json", "logit_bias", "stop"})
+
+
+def field_path(parent: str, key: str) -> str:
+    """``parent`` + ``key`` as error messages name a field: ``a.b``, or ``a["b c"]`` for a key
+    that is not a plain name ("" parent: the key alone)."""
+    if _NAME.fullmatch(key):
+        return f"{parent}.{key}" if parent else key
+    return f"{parent}[{json.dumps(key)}]"
 
 
 def error_param(message: str) -> str | None:
@@ -40,6 +56,38 @@ def error_param(message: str) -> str | None:
     for a message that does not start with one."""
     m = _FIELD.match(message)
     return m.group(1) if m else None
+
+
+def _selection_paths(data: dict, parent: str = "", depth: int = 0):
+    """Paths of the keys named ``xmix`` or ``mi_apps`` inside the objects of a request body
+    (lists and :data:`_CONTENT_FIELDS` are not entered; at most 4 levels)."""
+    for key, value in data.items():
+        if not isinstance(key, str) or (depth == 0 and key in _CONTENT_FIELDS):
+            continue
+        path = field_path(parent, key)
+        if key in (CONFIG_KEY, BODY_FIELD):
+            yield path
+        elif isinstance(value, dict) and depth < 4:
+            yield from _selection_paths(value, path, depth + 1)
+
+
+def misplaced_selection(body: bytes) -> str | None:
+    """For a request to one of :data:`SELECTION_ROUTES`: the error message if its JSON ``body``
+    holds an ``xmix`` or ``mi_apps`` key anywhere but at ``vllm_xargs.xmix`` and the top level
+    (``extra_args.xmix``, the offline spelling; ``sampling_params.extra_args.xmix``;
+    ``kv_transfer_params.xmix``; a misspelled ``vllm_xargs`` such as ``vllm_xarg.xmix``), which
+    the server would not read: the request would run without its apps. Else None."""
+    if CONFIG_KEY.encode() not in body and BODY_FIELD.encode() not in body:
+        return None
+    data = _json_body(body)
+    if data is None:
+        return None
+    for path in _selection_paths(data):
+        # (extra_body sent as a field gets its own message: take_body_selection)
+        if path not in (BODY_FIELD, f"vllm_xargs.{CONFIG_KEY}") and not path.startswith("extra_body."):
+            return (f"{path}: not read by this server, so the request would run without these apps; select "
+                    f"apps with vllm_xargs.{CONFIG_KEY} or a top-level \"{BODY_FIELD}\" field")
+    return None
 
 
 def _looks_like_selection(key: str) -> bool:
@@ -65,18 +113,23 @@ def take_body_selection(request) -> tuple[str | None, str, object]:
             return ("extra_body: is the OpenAI Python client's argument, not a request field; send its "
                     f"contents as top-level fields (e.g. {{\"{BODY_FIELD}\": [...]}})"), "", None
         if _looks_like_selection(key):
-            return (f"{key}: unknown request field; apps are selected with \"{BODY_FIELD}\" "
+            return (f"{field_path('', key)}: unknown request field; apps are selected with \"{BODY_FIELD}\" "
                     f"(or vllm_xargs.{CONFIG_KEY})"), "", None
     for key in xargs:
         if key != CONFIG_KEY and _looks_like_selection(key):
-            return (f"vllm_xargs.{key}: unknown key; apps are selected with vllm_xargs.{CONFIG_KEY} "
-                    f"or a top-level \"{BODY_FIELD}\" field"), "", None
+            return (f"{field_path('vllm_xargs', key)}: unknown key; apps are selected with "
+                    f"vllm_xargs.{CONFIG_KEY} or a top-level \"{BODY_FIELD}\" field"), "", None
     if BODY_FIELD in extra:
         if CONFIG_KEY in xargs:
-            return f"{BODY_FIELD} and vllm_xargs.{CONFIG_KEY} both select apps: give the selection once", "", None
+            return (f"{BODY_FIELD}: given beside vllm_xargs.{CONFIG_KEY}, which selects apps too: give the "
+                    "selection once"), "", None
         sel = extra.pop(BODY_FIELD)
         if sel is None:
             return None, BODY_FIELD, None
+        if isinstance(sel, str):  # (JSON text is vllm_xargs' form; this field carries the list itself)
+            return (f"{BODY_FIELD}: expected a list of apps (names, or objects with name, scale, layers), "
+                    f"e.g. {json.dumps([sel if not sel.lstrip().startswith(('[', '{')) else 'happy'])}, got a "
+                    f"string; JSON text of the list goes in vllm_xargs.{CONFIG_KEY}"), "", None
         request.vllm_xargs = {**xargs, CONFIG_KEY: json.dumps(sel)}
         return None, BODY_FIELD, sel
     return None, f"vllm_xargs.{CONFIG_KEY}", xargs.get(CONFIG_KEY)
@@ -130,10 +183,10 @@ def parse_json(text: str | bytes):
     number beyond float range), or None if neither parses it."""
     try:
         return _DECODE.decode(text)
-    except ValueError:  # (msgspec.DecodeError is one)
+    except ValueError:  # (msgspec.DecodeError is one; also its depth limit)
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
 
@@ -146,7 +199,8 @@ def _json_body(body: bytes):
 def selection_off_route(path: str, body: bytes) -> str | None:
     """For a POST to a route outside :data:`SELECTION_ROUTES` (and the ``/v1/mi/`` routes): the
     error message if its JSON ``body`` selects apps (a top-level ``mi_apps`` field, or
-    ``vllm_xargs.xmix``), which that route would not apply (``/v1/messages``, the embedding
+    ``vllm_xargs.xmix``; also an ``xmix`` / ``mi_apps`` key nested in the body's objects, e.g.
+    ``sampling_params.extra_args.xmix``), which that route would not apply (``/v1/messages``, the embedding
     routes) or apply without returning read values (``/v1/responses``,
     ``/v1/chat/completions/batch``, ``/inference/v1/generate``); else None. ``path``: the
     request's URL path; ``body``: its raw bytes (parsed only if they mention a selection)."""
@@ -160,8 +214,10 @@ def selection_off_route(path: str, body: bytes) -> str | None:
         field = BODY_FIELD
     elif isinstance(xargs, dict) and CONFIG_KEY in xargs:
         field = f"vllm_xargs.{CONFIG_KEY}"
-    else:
-        return None
+    else:  # e.g. /inference/v1/generate's sampling_params.extra_args.xmix
+        field = next(_selection_paths(data), None)
+        if field is None:
+            return None
     route = path if len(path) <= _MAX_ECHO else path[:_MAX_ECHO] + "..."
     return (f"{field}: apps apply on {' and '.join(SELECTION_ROUTES)} only; {route} would not apply them "
             "or return their read values: send the request to one of those routes")
