@@ -1,7 +1,8 @@
 """Run one engine in a fresh process (plugin loading, spawn, compile cache are per process).
 
 usage: python child_generate.py MODEL MODE CONFIG_JSON APPS_JSON OUT_JSON
-Writes {"tokens": [[...], ...]} or {"error": "..."} to OUT_JSON.
+Writes {"tokens1": first tokens, "tokens": 10 greedy tokens per prompt, "logprobs": their
+logprobs} or {"error": "..."} to OUT_JSON.
 """
 
 import json
@@ -33,10 +34,12 @@ if __name__ == "__main__":
         sp = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, extra_args=extra)
         tokens = [list(o.outputs[0].token_ids) for o in
                   llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp, use_tqdm=False)]
-        sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, extra_args=extra)
-        tokens10 = [list(o.outputs[0].token_ids) for o in
-                    llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp, use_tqdm=False)]
-        res = {"tokens1": tokens, "tokens": tokens10}
+        sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, extra_args=extra, logprobs=1)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp, use_tqdm=False)
+        tokens10 = [list(o.outputs[0].token_ids) for o in outs]
+        # each generated token's logprob (float32 values as Python floats: exact)
+        logprobs = [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
+        res = {"tokens1": tokens, "tokens": tokens10, "logprobs": logprobs}
     except Exception as e:  # report, the parent asserts on it
         res = {"error": f"{type(e).__name__}: {e}"}
     json.dump(res, open(out, "w"))
