@@ -250,7 +250,9 @@ def test_hooks_check_compare_names_what_ran_and_takes_a_plain_file(tmp_path, cap
     b = {"eager": False, "tp": 2, "tokens": {"none": [[1, 2], [3, 4]], "add": [[1, 5], [3, 9]],
                                              "probe": [[1, 2], [3, 4]]},
          "reads": {"probe": [{"p": [0.5, 1.1]}, {"p": [1.0]}]}}
-    plain = {"eager": False, "tp": 2, "plain": True, "tokens": {"none": [[1, 2], [3, 7]]}}
+    plain = {"eager": False, "tp": 2, "plain": True, "tokens": {"none": [[1, 2], [3, 7]]},
+             "logprobs_none": [[-0.5, -0.25], [-1.0, -2.0]]}
+    a["logprobs_none"] = [[-0.5, -0.2500001], [-1.0, -9.0]]  # the second request's tokens differ: not compared
     for n, r in (("a", a), ("b", b), ("p", plain)):
         (tmp_path / f"{n}.json").write_text(json.dumps(r))
     hooks_check.compare(str(tmp_path / "a.json"), str(tmp_path / "b.json"))
@@ -260,6 +262,7 @@ def test_hooks_check_compare_names_what_ran_and_takes_a_plain_file(tmp_path, cap
     hooks_check.compare(str(tmp_path / "a.json"), str(tmp_path / "p.json"))
     out = capsys.readouterr().out
     assert "none                 graphs==plain-graphs-tp2 1/2" in out and "add " not in out
+    assert "logprobs graphs vs plain-graphs-tp2: bit-identical 0/1 requests with equal tokens, max |diff| 1e-07" in out
 
 
 def test_serving_timeline_counts_the_gaps_in_which_no_request_got_a_token():

@@ -170,14 +170,21 @@ def run(args) -> None:
     def sp(name, n):
         return common.sampling(None if name == "none" else [name], temperature=0, max_tokens=n, ignore_eos=True)
 
+    def no_app_run():  # the no-app requests, with each generated token's logprob (against plain vLLM)
+        outs = llm.generate(prompts, common.sampling(None, temperature=0, max_tokens=args.tokens, ignore_eos=True,
+                                                     logprobs=1), use_tqdm=False)
+        res["tokens"]["none"] = [list(o.outputs[0].token_ids) for o in outs]
+        res["logprobs_none"] = [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]
+                                for o in outs]
+
     names = ["none"] + [a.name for a in apps]
     if args.plain:
-        outs = llm.generate(prompts, sp("none", args.tokens), use_tqdm=False)
-        res["tokens"]["none"] = [list(o.outputs[0].token_ids) for o in outs]
+        no_app_run()
         common.write_json(args.out, res, indent=None)
         print("DONE", args.out, res["startup_s"], flush=True)
         return
-    for name in names:
+    no_app_run()
+    for name in names[1:]:
         outs = llm.generate(prompts, sp(name, args.tokens), use_tqdm=False)
         res["tokens"][name] = [list(o.outputs[0].token_ids) for o in outs]
         if name in READS:
@@ -240,6 +247,14 @@ def compare(a_path: str, b_path: str) -> None:
         same = sum(x == y for x, y in zip(ta, tb))
         changed = sum(x != y for x, y in zip(ta, base)) if name != "none" else 0
         print(f"{name:20s} {la}=={lb} {same}/{len(ta)}   changed vs no-app {changed}/{len(ta)}")
+    if a.get("logprobs_none") and b.get("logprobs_none"):  # no app: how close, bit for bit
+        pairs = [(np.array(x), np.array(y)) for x, y, tx, ty in
+                 zip(a["logprobs_none"], b["logprobs_none"], a["tokens"]["none"], b["tokens"]["none"]) if tx == ty]
+        if pairs:
+            same = sum(np.array_equal(x, y) for x, y in pairs)
+            diff = max(float(np.max(np.abs(x - y))) for x, y in pairs)
+            print(f"{'none':20s} logprobs {la} vs {lb}: bit-identical {same}/{len(pairs)} requests with equal tokens, "
+                  f"max |diff| {diff:.3g}")
     for name, ra in a.get("reads", {}).items():
         if name not in b.get("reads", {}):
             continue
