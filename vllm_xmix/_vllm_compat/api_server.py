@@ -22,8 +22,7 @@ import functools
 import logging
 
 from ..validation.admin import AdminError, check_key, commit_change, list_apps, parse_body, prepare_change
-from ..validation.http import (ADMIN_PREFIX, SELECTION_ROUTES, error_param, misplaced_selection, selection_off_route,
-                               xargs_type_error)
+from ..validation.http import ADMIN_PREFIX, SELECTION_ROUTES, error_param, on_route_error, selection_off_route
 from .core import mark
 from .output_processor import live_versions
 
@@ -88,7 +87,7 @@ class SelectionRouteGuard:
             more = msg.get("more_body", False)
         body = b"".join(chunks)
         on_route = path.rstrip("/") in SELECTION_ROUTES
-        err = (xargs_type_error(body) or misplaced_selection(body)) if on_route else selection_off_route(path, body)
+        err = on_route_error(body) if on_route else selection_off_route(path, body)
         if err is not None:
             return await _error(400, err)(scope, receive, send)
         sent = False

@@ -71,17 +71,24 @@ def _selection_paths(data: dict, parent: str = "", depth: int = 0):
             yield from _selection_paths(value, path, depth + 1)
 
 
-def misplaced_selection(body: bytes) -> str | None:
-    """For a request to one of :data:`SELECTION_ROUTES`: the error message if its JSON ``body``
-    holds an ``xmix`` or ``mi_apps`` key anywhere but at ``vllm_xargs.xmix`` and the top level
-    (``extra_args.xmix``, the offline spelling; ``sampling_params.extra_args.xmix``;
-    ``kv_transfer_params.xmix``; a misspelled ``vllm_xargs`` such as ``vllm_xarg.xmix``), which
-    the server would not read: the request would run without its apps. Else None."""
+def on_route_error(body: bytes) -> str | None:
+    """For a request to one of :data:`SELECTION_ROUTES`: the error message of
+    :func:`xargs_type_error` or :func:`misplaced_selection` for its raw JSON ``body`` (parsed
+    once, and only if it mentions a selection), else None."""
     if CONFIG_KEY.encode() not in body and BODY_FIELD.encode() not in body:
         return None
     data = _json_body(body)
     if data is None:
         return None
+    return xargs_type_error(data) or misplaced_selection(data)
+
+
+def misplaced_selection(data: dict) -> str | None:
+    """For a request to one of :data:`SELECTION_ROUTES`: the error message if its JSON body
+    ``data`` holds an ``xmix`` or ``mi_apps`` key anywhere but at ``vllm_xargs.xmix`` and the top
+    level (``extra_args.xmix``, the offline spelling; ``sampling_params.extra_args.xmix``;
+    ``kv_transfer_params.xmix``; a misspelled ``vllm_xargs`` such as ``vllm_xarg.xmix``), which
+    the server would not read: the request would run without its apps. Else None."""
     for path in _selection_paths(data):
         # (extra_body sent as a field gets its own message: take_body_selection)
         if path not in (BODY_FIELD, f"vllm_xargs.{CONFIG_KEY}") and not path.startswith("extra_body."):
@@ -223,15 +230,12 @@ def selection_off_route(path: str, body: bytes) -> str | None:
             "or return their read values: send the request to one of those routes")
 
 
-def xargs_type_error(body: bytes) -> str | None:
-    """For a request to one of :data:`SELECTION_ROUTES`: the error message if its
-    ``vllm_xargs.xmix`` has a type vLLM's ``vllm_xargs`` does not take (an object, or a list
-    holding objects or lists: its values are strings, numbers and lists of those), which vLLM
-    would refuse with its request model's validation dump; else None."""
-    if b"vllm_xargs" not in body or CONFIG_KEY.encode() not in body:
-        return None
-    data = _json_body(body)
-    xargs = data.get("vllm_xargs") if data is not None else None
+def xargs_type_error(data: dict) -> str | None:
+    """For a request to one of :data:`SELECTION_ROUTES`: the error message if the
+    ``vllm_xargs.xmix`` of its JSON body ``data`` has a type vLLM's ``vllm_xargs`` does not take
+    (an object, or a list holding objects or lists: its values are strings, numbers and lists of
+    those), which vLLM would refuse with its request model's validation dump; else None."""
+    xargs = data.get("vllm_xargs")
     sel = xargs.get(CONFIG_KEY) if isinstance(xargs, dict) else None
     flat = (str, int, float)
     if sel is None or isinstance(sel, flat) or (isinstance(sel, list) and all(isinstance(x, flat) for x in sel)):
