@@ -201,7 +201,10 @@ def test_an_engine_core_request_added_directly_is_checked_and_salted(chunked, hf
         with pytest.raises(ValueError, match=f"request ecr-bad: extra_args.xmix.*{field}"):
             engine.add_request("ecr-bad", request("ecr-bad", bad), None)
         assert not engine.has_unfinished_requests() and "ecr-bad" not in engine.output_processor.request_states
-    o = run(request("ecr-probe", ["pr"]))
+    req = request("ecr-probe", ["pr"])
+    callers = req.sampling_params
+    o = run(req)
+    assert callers.extra_args == {"xmix": ["pr"]}, "the caller's SamplingParams must keep its own spelling"
     assert o.num_cached_tokens == 0, "a probe's prompt must be computed, not read from the prefix cache"
     assert list(o.outputs[0].token_ids) == hf.greedy(LONG, 4)
     check_pr(o, LONG, hf)
@@ -210,9 +213,18 @@ def test_an_engine_core_request_added_directly_is_checked_and_salted(chunked, hf
                                                 sp(["pr"], max_tokens=4), supported_tasks=engine.get_supported_tasks())
     wire, salt = req.sampling_params.extra_args["xmix"], req.cache_salt
     o = run(req)
-    assert req.sampling_params.extra_args["xmix"] == wire and req.cache_salt.startswith(salt)
+    assert req.sampling_params.extra_args["xmix"] == wire and req.cache_salt == salt
     assert o.num_cached_tokens == 0
     check_pr(o, LONG, hf)
+    # AsyncLLM.add_request checks an EngineCoreRequest the same way, before anything is added
+    import asyncio
+    from types import SimpleNamespace
+
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    with pytest.raises(ValueError, match="request ecr-async: extra_args.xmix.*unknown app"):
+        asyncio.run(AsyncLLM.add_request(SimpleNamespace(vllm_config=engine.vllm_config), "ecr-async",
+                                         request("ecr-async", ["nope"]), None))
     again = run(request("ecr-plain-2", None))  # the engine still serves, the cache as before
     assert list(again.outputs[0].token_ids) == hf.greedy(LONG, 4) and again.num_cached_tokens > 0
 

@@ -145,6 +145,9 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
             assert resp["error"]["param"] == msg.split(": ")[0], (msg, resp)
     status, resp = complete(url, model, PROMPTS[0], mi_apps=["happy"])
     assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
+    # user data that names a property xmix or mi_apps (metadata, a schema) is not a selection
+    status, resp = complete(url, model, PROMPTS[0], metadata={"xmix": "a note", "schema": {"properties": {"mi_apps": {}}}})
+    assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N), resp
 
 
 def post(url, path, body):

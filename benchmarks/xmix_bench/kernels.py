@@ -50,7 +50,9 @@ def add_arguments(p) -> None:
     p.add_argument("--kernel", choices=["add", "norm", "norm-launch"], default="add",
                    help="add: the steering add alone; norm: the add + RMSNorm kernel against vLLM's and Inductor's "
                         "(device time, CUDA graphs); norm-launch: host time per eager launch of those kernels")
-    p.add_argument("--calls", type=int, default=2000, help="norm-launch: launches per timed loop")
+    p.add_argument("--calls", type=int, default=200,
+                   help="norm-launch: launches per timed loop (kept below CUDA's launch queue, ~1k, so that a "
+                        "launch never waits for the device inside the loop)")
     p.add_argument("--d-model", type=int, default=4096)
     p.add_argument("--layers", type=int, default=32, help="launches per measurement (one per layer)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
@@ -182,11 +184,13 @@ def bench_norm(T: int, D: int, layers: int, dtype, eps: float = 1e-5) -> dict:
     return {k: round(v * 1e3 / layers, 2) for k, v in out.items()}
 
 
-def bench_norm_launch(T: int, D: int, dtype, calls: int = 2000, repeats: int = 5, eps: float = 1e-5) -> dict:
+def bench_norm_launch(T: int, D: int, dtype, calls: int = 200, repeats: int = 20, eps: float = 1e-5) -> dict:
     """Host cost per eager launch of the hosted norm's kernels on ``[T, D]`` (module
     docstring): for each kernel, the median over ``repeats`` loops of ``calls`` launches of the
     launching thread's CPU microseconds per launch (``<name>_cpu_us``) and of the wall
-    microseconds per launch, the device drained after each loop (``<name>_wall_us``)."""
+    microseconds per launch, the device drained after each loop (``<name>_wall_us``). ``calls``
+    stays below CUDA's launch queue (about 1024 entries): a launch into a full queue waits,
+    spinning, and that wait would count as CPU time."""
     import torch
 
     from vllm_xmix.kernels.add_rms_norm import add_rms_norm_triton

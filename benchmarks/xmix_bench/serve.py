@@ -497,8 +497,10 @@ def start(args, profiler: bool | None = None) -> dict:
     if alt:
         if args.second != "xmix":
             raise SystemExit("--alt-variants: only with --second xmix (it serves the same deployment)")
-        plans += ((ALT_SERVER[0], args.port + ALT_SERVER[1], server_args + second_args,
-                   dict(os.environ, **ALT_VARIANTS[alt])),)
+        # the mode's settings only: variables of the plugin set in this shell would change its policy
+        alt_env = {k: v for k, v in os.environ.items() if k not in _XMIX_ENV}
+        alt_env.update(ALT_VARIANTS[alt])
+        plans += ((ALT_SERVER[0], args.port + ALT_SERVER[1], server_args + second_args, alt_env),)
         st["alt_variants"] = {"mode": alt, "env": ALT_VARIANTS[alt]}
     launched = []
     try:

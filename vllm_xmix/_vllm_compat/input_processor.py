@@ -22,6 +22,10 @@ from ..validation.requests import validate_selection
 from .core import mark
 
 
+#: what a salt for prompt reads holds (``validation.requests.validate_selection``: unique per request)
+_READ_SALT = ":read-"
+
+
 def stamp(req, wire, salt) -> None:
     """Write the checked selection ``wire`` (canonical dict) into ``req.sampling_params`` and add
     ``salt`` (or None) to ``req.cache_salt`` once (an ``EngineCoreRequest``, in place)."""
@@ -37,7 +41,12 @@ def stamp(req, wire, salt) -> None:
     # and refuse the stamped one as a second selection
     if getattr(req.sampling_params, "mi_apps", None) is not None:
         req.sampling_params.mi_apps = None
-    if salt is not None and salt not in (req.cache_salt or "").split("|"):
+    if salt is None:
+        return
+    parts = (req.cache_salt or "").split("|")
+    # (a read's salt is new per check, uuid4: a request that has one keeps it)
+    has = salt in parts or (_READ_SALT in salt and any(_READ_SALT in p and p.startswith("xmix") for p in parts))
+    if not has:
         req.cache_salt = f"{req.cache_salt}|{salt}" if req.cache_salt else salt
 
 
@@ -46,7 +55,8 @@ def check_engine_request(vllm_config, req) -> None:
     write its canonical form and cache salt (:func:`stamp`), in place. A request that came out of
     ``process_inputs`` is already canonical: its app versions (which the front end writes and
     users may not) are taken out and written again as they are now, so checking it twice changes
-    nothing else.
+    nothing else (its salt included). The request's ``SamplingParams`` is replaced by a clone
+    before it is written: the caller's own object (which it may pass again) keeps its spelling.
 
     Raises:
         XmixSpecError (a ValueError): ``request <id>: extra_args.xmix...``, naming the field."""
@@ -62,6 +72,7 @@ def check_engine_request(vllm_config, req) -> None:
         wire, salt = validate_selection(vllm_config, raw, getattr(sp, "n", 1), field="extra_args.xmix")
     except XmixSpecError as e:
         raise XmixSpecError(f"request {req.request_id}: {e}") from None
+    req.sampling_params = sp.clone()
     stamp(req, wire, salt)
 
 

@@ -36,10 +36,12 @@ _QUOTED = r'\["(?:[^"\\]|\\.)*"\]'
 #: written): a dotted path with list indices, e.g. ``vllm_xargs.xmix[0].scale`` or
 #: ``vllm_xargs["xmix "]``
 _FIELD = re.compile(rf"((?:[A-Za-z_][A-Za-z0-9_-]*|{_QUOTED})(?:\[\d+\]|\.[A-Za-z_][A-Za-z0-9_-]*|{_QUOTED})*): ")
-#: top-level fields of a request body that hold content or schemas, never a selection (not scanned
-#: by :func:`misplaced_selection`)
-_CONTENT_FIELDS = frozenset({"messages", "prompt", "input", "suffix", "tools", "tool_choice", "response_format",
-                             "structured_outputs", "guided_json", "logit_bias", "stop"})
+#: request-body objects a selection is mistakenly put in (the offline spelling ``extra_args``,
+#: ``/inference/v1/generate``'s ``sampling_params`` and its ``extra_args``, vLLM's transfer
+#: parameters): the keys :func:`_selection_paths` looks at; any other object (schemas, metadata,
+#: template arguments: user data that may name a property ``xmix``) is not looked into
+_CONTAINERS = {"extra_args": (), "kv_transfer_params": (), "ec_transfer_params": (),
+               "sampling_params": ("extra_args",), "vllm_xargs": ()}
 
 
 def field_path(parent: str, key: str) -> str:
@@ -58,24 +60,51 @@ def error_param(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _selection_paths(data: dict, parent: str = "", depth: int = 0):
-    """Paths of the keys named ``xmix`` or ``mi_apps`` inside the objects of a request body
-    (lists and :data:`_CONTENT_FIELDS` are not entered; at most 4 levels)."""
+def _mentions(body: bytes) -> bool:
+    """Whether a raw body may hold a selection key: only such bodies are parsed (a byte search,
+    on every POST; the lower-case spellings: other spellings at the top level or in
+    ``vllm_xargs`` are refused after vLLM parsed the body, :func:`take_body_selection`)."""
+    return CONFIG_KEY.encode() in body or BODY_FIELD.encode() in body
+
+
+def _is_selection_key(key) -> bool:
+    """``xmix`` or ``mi_apps``, in any case, with ``-`` for ``_``."""
+    return isinstance(key, str) and key.lower().replace("-", "_") in (CONFIG_KEY, BODY_FIELD)
+
+
+def _looks_like_container(key: str) -> bool:
+    """A top-level key that is, or looks like a misspelling of, ``vllm_xargs`` or ``extra_args``."""
+    k = key.lower().replace("-", "").replace("_", "")
+    return bool(difflib.get_close_matches(k, ["vllmxargs", "extraargs"], n=1, cutoff=0.8))
+
+
+def _selection_paths(data: dict):
+    """Paths of the selection keys (``xmix``, ``mi_apps``, any case) of a request body: at the top
+    level, and directly inside the objects of :data:`_CONTAINERS` (and their listed sub-objects)
+    or of a top-level key that looks like ``vllm_xargs`` / ``extra_args``."""
     for key, value in data.items():
-        if not isinstance(key, str) or (depth == 0 and key in _CONTENT_FIELDS):
+        if not isinstance(key, str):
             continue
-        path = field_path(parent, key)
-        if key in (CONFIG_KEY, BODY_FIELD):
-            yield path
-        elif isinstance(value, dict) and depth < 4:
-            yield from _selection_paths(value, path, depth + 1)
+        if _is_selection_key(key):
+            yield field_path("", key)
+            continue
+        if not isinstance(value, dict) or not (key in _CONTAINERS or _looks_like_container(key)):
+            continue
+        stack = [(field_path("", key), value, _CONTAINERS.get(key, ()))]
+        while stack:
+            path, obj, subs = stack.pop(0)
+            for k, v in obj.items():
+                if _is_selection_key(k):
+                    yield field_path(path, k)
+                elif k in subs and isinstance(v, dict):
+                    stack.append((field_path(path, k), v, ()))
 
 
 def on_route_error(body: bytes) -> str | None:
     """For a request to one of :data:`SELECTION_ROUTES`: the error message of
     :func:`xargs_type_error` or :func:`misplaced_selection` for its raw JSON ``body`` (parsed
     once, and only if it mentions a selection), else None."""
-    if CONFIG_KEY.encode() not in body and BODY_FIELD.encode() not in body:
+    if not _mentions(body):
         return None
     data = _json_body(body)
     if data is None:
@@ -211,7 +240,7 @@ def selection_off_route(path: str, body: bytes) -> str | None:
     routes) or apply without returning read values (``/v1/responses``,
     ``/v1/chat/completions/batch``, ``/inference/v1/generate``); else None. ``path``: the
     request's URL path; ``body``: its raw bytes (parsed only if they mention a selection)."""
-    if BODY_FIELD.encode() not in body and CONFIG_KEY.encode() not in body:
+    if not _mentions(body):
         return None
     data = _json_body(body)
     if data is None:
