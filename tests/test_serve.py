@@ -134,6 +134,7 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
                                "extra_args.xmix: not read by this server"),
                               (None, {"kv_transfer_params": {"xmix": {"apps": [{"name": "happy"}]}}},
                                "kv_transfer_params.xmix: not read by this server"),
+                              (None, {"extra_args": {"MI-APPS": ["happy"]}}, "extra_args.MI-APPS: not read"),
                               ({"xmix": "[" * 3000 + "]" * 3000}, {}, "vllm_xargs.xmix: JSON text nested too deeply"),
                               ({"xmix": '"happy"'}, {}, 'vllm_xargs.xmix: expected a list of apps (e.g. ["happy"])'),
                               # 0.5 x 1e30 fits float32, but not the next RMSNorm's sum of squares
