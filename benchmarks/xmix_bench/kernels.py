@@ -140,6 +140,27 @@ def bench(T: int, D: int, layers: int, impl: str, device: str, dtype, repeats: i
     return {k: round(v, 2) for k, v in out.items()}
 
 
+def _norm_args(D: int, dtype):
+    """The norm kernels' other inputs on CUDA: ``weight`` [D] (ones), ``kinds`` int32 [1] of an
+    add entry and ``proj`` of a projection entry (row semantics: a directional ablation),
+    ``values`` float32 [1], and vLLM's ``fused_add_rms_norm`` op (None where vLLM's CUDA build is
+    not importable here)."""
+    import torch
+
+    w = torch.ones(D, device="cuda", dtype=dtype)
+    kinds = torch.zeros(1, dtype=torch.int32, device="cuda")
+    proj = torch.ones(1, dtype=torch.int32, device="cuda")
+    values = torch.zeros(1, dtype=torch.float32, device="cuda")
+    try:
+        import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
+
+        fused = torch.ops._C.fused_add_rms_norm
+    except Exception as e:  # no vLLM CUDA build here
+        print(f"vllm fused_add_rms_norm: not available ({e})")
+        fused = None
+    return w, kinds, proj, values, fused
+
+
 def bench_norm(T: int, D: int, layers: int, dtype, eps: float = 1e-5) -> dict:
     """Microseconds per launch of the residual add + RMSNorm on ``[T, D]`` (module docstring),
     ``layers`` launches captured in one CUDA graph; a variant whose kernel is not available here
@@ -151,18 +172,11 @@ def bench_norm(T: int, D: int, layers: int, dtype, eps: float = 1e-5) -> dict:
 
     hs, coef, vec, ent = _inputs(T, D, "cuda", dtype, 2 * layers)
     xs, rs = hs[:layers], hs[layers:]
-    w = torch.ones(D, device="cuda", dtype=dtype)
-    kinds = torch.zeros(1, dtype=torch.int32, device="cuda")
-    values = torch.zeros(1, dtype=torch.float32, device="cuda")
+    w, kinds, proj, values, fused = _norm_args(D, dtype)
     timer = triton.testing.do_bench_cudagraph
     out = {}
-    try:
-        import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
-
-        fused = torch.ops._C.fused_add_rms_norm
+    if fused is not None:
         out["vllm"] = timer(lambda: [fused(x, r, w, eps) for x, r in zip(xs, rs)])
-    except Exception as e:  # no vLLM CUDA build here
-        print(f"vllm fused_add_rms_norm: not available ({e})")
 
     def native(x, r):
         z = (x.float() + r.float()).to(dtype)
@@ -177,7 +191,6 @@ def bench_norm(T: int, D: int, layers: int, dtype, eps: float = 1e-5) -> dict:
     for name, slot, nw in (("xmix_off", 0, None), ("xmix_on", 1, None), ("xmix_on_w16", 1, 16), ("xmix_on_w4", 1, 4)):
         out[name] = timer(lambda: [add_rms_norm_triton(x, r, w, eps, toks[slot], coef, ent, kinds, values, vec, False,
                                                        num_warps=nw) for x, r in zip(xs, rs)])
-    proj = torch.ones(1, dtype=torch.int32, device="cuda")  # row semantics, a projection (directional ablation)
     for name, slot in (("xmix_ablate_off", 0), ("xmix_ablate", 1)):
         out[name] = timer(lambda: [add_rms_norm_triton(x, r, w, eps, toks[slot], coef, ent, proj, values, vec, True)
                                    for x, r in zip(xs, rs)])
@@ -196,19 +209,9 @@ def bench_norm_launch(T: int, D: int, dtype, calls: int = 200, repeats: int = 20
     from vllm_xmix.kernels.add_rms_norm import add_rms_norm_triton
 
     (x, r), coef, vec, ent = _inputs(T, D, "cuda", dtype, 2)
-    w = torch.ones(D, device="cuda", dtype=dtype)
-    kinds = torch.zeros(1, dtype=torch.int32, device="cuda")
-    proj = torch.ones(1, dtype=torch.int32, device="cuda")
-    values = torch.zeros(1, dtype=torch.float32, device="cuda")
+    w, kinds, proj, values, fused = _norm_args(D, dtype)
     tok = torch.ones(T, dtype=torch.int32, device="cuda")
-    fns = {}
-    try:
-        import vllm._custom_ops  # noqa: F401  (registers torch.ops._C)
-
-        fused = torch.ops._C.fused_add_rms_norm
-        fns["vllm"] = lambda: fused(x, r, w, eps)
-    except Exception as e:  # no vLLM CUDA build here
-        print(f"vllm fused_add_rms_norm: not available ({e})")
+    fns = {} if fused is None else {"vllm": lambda: fused(x, r, w, eps)}
     fns["xmix_on"] = lambda: add_rms_norm_triton(x, r, w, eps, tok, coef, ent, kinds, values, vec, False)
     fns["xmix_ablate"] = lambda: add_rms_norm_triton(x, r, w, eps, tok, coef, ent, proj, values, vec, True)
     out = {}

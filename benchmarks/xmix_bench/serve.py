@@ -246,8 +246,13 @@ ALT_VARIANTS = {"onoff": {"VLLM_XMIX_GRAPH_VARIANTS": "onoff"},
                 "none": {"VLLM_XMIX_GRAPH_VARIANTS": "0"}}
 #: the alternative server's name and its port's offset from vanilla's
 ALT_SERVER = ("alt", 4)
-#: environment variables of the plugin that servers.json records (the xmix server's settings)
-_XMIX_ENV = ("VLLM_XMIX_GRAPH_VARIANTS", "VLLM_XMIX_MAX_GRAPH_VARIANTS", "VLLM_XMIX_PIECEWISE_VARIANTS")
+def _xmix_settings() -> tuple[str, ...]:
+    """The plugin's settings among its environment variables (those that enter the compile cache
+    key; not the admin key): servers.json records the xmix server's, the alternative server drops
+    them."""
+    from vllm_xmix._vllm_compat.envs import PLUGIN_ENV
+
+    return tuple(k for k, setting in PLUGIN_ENV.items() if setting)
 
 
 def _control_arg(text: str) -> str:
@@ -478,7 +483,7 @@ def start(args, profiler: bool | None = None) -> dict:
           "vocab_size": cfg["vocab_size"], "serving_dir": serving, "xmix_config": xmix_cfg,
           "apps": [a.name for a in apps] if args.second == "xmix" else [], "second": args.second,
           "fused_writes": args.fused_writes, "server_args": server_args,
-          "xmix_env": {k: os.environ[k] for k in _XMIX_ENV if k in os.environ},
+          "xmix_env": {k: os.environ[k] for k in _xmix_settings() if k in os.environ},
           "profiler": profiler, "commit": common.git_commit(), "date": common.today(),
           "command": common.command_line(), "servers": {}}
     second_args = ["--config", xmix_cfg] if args.second == "xmix" else []
@@ -498,7 +503,7 @@ def start(args, profiler: bool | None = None) -> dict:
         if args.second != "xmix":
             raise SystemExit("--alt-variants: only with --second xmix (it serves the same deployment)")
         # the mode's settings only: variables of the plugin set in this shell would change its policy
-        alt_env = {k: v for k, v in os.environ.items() if k not in _XMIX_ENV}
+        alt_env = {k: v for k, v in os.environ.items() if k not in _xmix_settings()}
         alt_env.update(ALT_VARIANTS[alt])
         plans += ((ALT_SERVER[0], args.port + ALT_SERVER[1], server_args + second_args, alt_env),)
         st["alt_variants"] = {"mode": alt, "env": ALT_VARIANTS[alt]}

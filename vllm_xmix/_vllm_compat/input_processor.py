@@ -18,12 +18,8 @@ import functools
 
 from ..spec import CONFIG_KEY, XmixSpecError
 from ..validation import validate_request
-from ..validation.requests import validate_selection
+from ..validation.requests import READ_SALT, validate_selection
 from .core import mark
-
-
-#: what a salt for prompt reads holds (``validation.requests.validate_selection``: unique per request)
-_READ_SALT = ":read-"
 
 
 def stamp(req, wire, salt) -> None:
@@ -45,7 +41,7 @@ def stamp(req, wire, salt) -> None:
         return
     parts = (req.cache_salt or "").split("|")
     # (a read's salt is new per check, uuid4: a request that has one keeps it)
-    has = salt in parts or (_READ_SALT in salt and any(_READ_SALT in p and p.startswith("xmix") for p in parts))
+    has = salt in parts or (READ_SALT in salt and any(READ_SALT in p and p.startswith("xmix") for p in parts))
     if not has:
         req.cache_salt = f"{req.cache_salt}|{salt}" if req.cache_salt else salt
 

@@ -88,22 +88,20 @@ def _selection_paths(data: dict):
     """Paths of the selection keys (``xmix``, ``mi_apps``, any case) of a request body: at the top
     level, and directly inside the objects of :data:`_CONTAINERS` (and their listed sub-objects)
     or of a top-level key that looks like ``vllm_xargs`` / ``extra_args``."""
-    for key, value in data.items():
-        if not isinstance(key, str):
-            continue
+    for key, value in data.items():  # (JSON object keys are strings)
         if _is_selection_key(key):
             yield field_path("", key)
-            continue
-        if not isinstance(value, dict) or not (key in _CONTAINERS or _looks_like_container(key)):
-            continue
-        stack = [(field_path("", key), value, _CONTAINERS.get(key, ()))]
-        while stack:
-            path, obj, subs = stack.pop(0)
-            for k, v in obj.items():
-                if _is_selection_key(k):
-                    yield field_path(path, k)
-                elif k in subs and isinstance(v, dict):
-                    stack.append((field_path(path, k), v, ()))
+        elif isinstance(value, dict) and (key in _CONTAINERS or _looks_like_container(key)):
+            yield from _keys_in(field_path("", key), value, _CONTAINERS.get(key, ()))
+
+
+def _keys_in(path: str, obj: dict, subs=()):
+    """Paths of the selection keys directly in ``obj`` (at ``path``) and in its sub-objects ``subs``."""
+    for k, v in obj.items():
+        if _is_selection_key(k):
+            yield field_path(path, k)
+        elif k in subs and isinstance(v, dict):
+            yield from _keys_in(field_path(path, k), v)
 
 
 def on_route_error(body: bytes) -> str | None:
@@ -125,8 +123,7 @@ def misplaced_selection(data: dict) -> str | None:
     ``kv_transfer_params.xmix``; a misspelled ``vllm_xargs`` such as ``vllm_xarg.xmix``), which
     the server would not read: the request would run without its apps. Else None."""
     for path in _selection_paths(data):
-        # (extra_body sent as a field gets its own message: take_body_selection)
-        if path not in (BODY_FIELD, f"vllm_xargs.{CONFIG_KEY}") and not path.startswith("extra_body."):
+        if path not in (BODY_FIELD, f"vllm_xargs.{CONFIG_KEY}"):
             return (f"{path}: not read by this server, so the request would run without these apps; select "
                     f"apps with vllm_xargs.{CONFIG_KEY} or a top-level \"{BODY_FIELD}\" field")
     return None

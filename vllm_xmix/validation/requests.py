@@ -21,6 +21,10 @@ PROJ_SPAN = 64.0
 _DEP_CACHE: dict[int, tuple] = {}
 
 
+#: what a cache salt for prompt reads holds before its per-request part (uuid4): a request
+#: with one never shares prompt blocks, whatever else is salted
+READ_SALT = ":read-"
+
 def _deployment_info(vllm_config):
     """(deployment or None, {app name: content hash}, {app name: [(op index, deployed scale,
     size)]}, write limits) of the engine's apps as they are now (the deployment, or after a
@@ -197,5 +201,5 @@ def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
     if effective:
         salt = "xmix:" + hashlib.sha256(json.dumps(effective, sort_keys=True).encode()).hexdigest()[:24]
     if reads_prompt:  # values at every prompt position: the prompt must be computed, never a cache hit
-        salt = f"{salt or 'xmix'}:read-{uuid.uuid4().hex}"
+        salt = f"{salt or 'xmix'}{READ_SALT}{uuid.uuid4().hex}"
     return wire, salt
