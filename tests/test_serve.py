@@ -126,7 +126,7 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
                               (None, {"mi_apps": 5}, "mi_apps: expected a list of apps, got int"),
                               (None, {"mi_apps": {}}, "mi_apps: expected a list of apps (or its wire form"),
                               (None, {"mi_apps": '["happy"]'}, "mi_apps: expected a list of apps (names"),
-                              (None, {"mi-apps": ["happy"]}, "mi-apps: unknown request field"),
+                              (None, {"mi-apps": ["happy"]}, "mi-apps: not read by this server"),
                               ({"xmix ": ["happy"]}, {}, 'vllm_xargs["xmix "]: unknown key'),
                               # containers the server does not read a selection from: the apps would not run
                               (None, {"vllm_xarg": {"xmix": ["happy"]}}, "vllm_xarg.xmix: not read by this server"),
@@ -135,6 +135,7 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
                               (None, {"kv_transfer_params": {"xmix": {"apps": [{"name": "happy"}]}}},
                                "kv_transfer_params.xmix: not read by this server"),
                               (None, {"extra_args": {"MI-APPS": ["happy"]}}, "extra_args.MI-APPS: not read"),
+                              (None, {"vllm_xarg": {"XMIX": ["happy"]}}, "vllm_xarg.XMIX: not read"),
                               ({"xmix": "[" * 3000 + "]" * 3000}, {}, "vllm_xargs.xmix: JSON text nested too deeply"),
                               ({"xmix": '"happy"'}, {}, 'vllm_xargs.xmix: expected a list of apps (e.g. ["happy"])'),
                               # 0.5 x 1e30 fits float32, but not the next RMSNorm's sum of squares

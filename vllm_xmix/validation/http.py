@@ -61,16 +61,13 @@ def error_param(message: str) -> str | None:
 
 
 def _mentions(body: bytes) -> bool:
-    """Whether a raw body may hold a selection key: only such bodies are parsed (byte searches,
-    on every POST: the lower-case keys, and keys of any case in a body that names one of the
-    :data:`_CONTAINERS` besides ``vllm_xargs``; other spellings at the top level or in
-    ``vllm_xargs`` are refused after vLLM parsed the body, :func:`take_body_selection`)."""
-    if CONFIG_KEY.encode() in body or BODY_FIELD.encode() in body:
-        return True
-    if b"extra_args" in body or b"transfer_params" in body or b"sampling_params" in body:
-        low = body.lower()
-        return CONFIG_KEY.encode() in low or b"mi_apps" in low or b"mi-apps" in low
-    return False
+    """Whether a raw body may hold a selection key (``xmix``, ``mi_apps``, ``mi-apps``, in any
+    case): only such bodies are parsed. One lower-cased copy and three byte searches, on every
+    POST (~0.1 ms for a body of 100 KB; ``bytes.lower`` is faster than a case-insensitive
+    regular expression by far), so that a key of any case in a misspelled container
+    (``vllm_xarg.XMIX``) is found too."""
+    low = body.lower()
+    return CONFIG_KEY.encode() in low or b"mi_apps" in low or b"mi-apps" in low
 
 
 def _is_selection_key(key) -> bool:
