@@ -123,6 +123,10 @@ def add_arguments(p) -> None:
     v.add_argument("--fused-writes", choices=["auto", "none", "adds", "all", "norm"], default="auto",
                    help="the deployment's fused_writes")
     v.add_argument("--steps", type=int, default=300, help="measured engine steps per configuration")
+    v.add_argument("--running", type=int, default=0,
+                   help="keep this many requests in flight (saturation-like large steps); 0: a new request every "
+                        "other step")
+    v.add_argument("--json", help="write both engines' per-config results here")
     v.add_argument("--_engine", help=argparse.SUPPRESS)  # internal: one engine of vs-plain
 
 
@@ -175,8 +179,8 @@ def main(args) -> int:
         return runtime_steps(args.model, fused_writes=args.fused_writes, n=args.steps, device=args.device,
                              json_out=args.json)
     if args._engine:
-        return engine_steps(args._engine, args.configs, args.fused_writes, args.steps)
-    return vs_plain(args.configs, args.fused_writes, args.steps)
+        return engine_steps(args._engine, args.configs, args.fused_writes, args.steps, args.running)
+    return vs_plain(args.configs, args.fused_writes, args.steps, args.running, args.json)
 
 
 # ------------------------------------------------------------------------------ GPU traces
@@ -500,10 +504,15 @@ def runtime_steps(model_dir: str, running: int = 40, prompt: int = 220, n: int =
     return 0
 
 
-def engine_steps(spec: str, configs: str, fused_writes: str, n_steps: int) -> int:
+def engine_steps(spec: str, configs: str, fused_writes: str, n_steps: int, running: int = 0) -> int:
     """One engine (``spec`` = "plain:MODEL_DIR" or "xmix:MODEL_DIR") driven step by step under
-    cProfile; prints JSON (per config: median ms per mixed / decode step, self seconds per function
-    and step) as the last line of stdout, after ``XMIX_JSON``."""
+    cProfile; prints JSON (per config: median ms per mixed / decode step, self seconds and calls
+    per function and step) as the last line of stdout, after ``XMIX_JSON``.
+
+    ``running`` 0: a new request every other step (a few requests in flight, steps below 512
+    tokens); otherwise the engine is topped up to ``running`` unfinished requests before every
+    step (saturation: large mixed steps, ``max_num_batched_tokens`` 2048), and a step is *mixed*
+    when requests were added before it."""
     import numpy as np
 
     kind, model = spec.split(":", 1)
@@ -511,8 +520,10 @@ def engine_steps(spec: str, configs: str, fused_writes: str, n_steps: int) -> in
     if kind == "xmix":
         apps = common.serving_apps(common.load_config(model))
         names = configs.split(",")
+    size = (dict(max_num_seqs=running, max_num_batched_tokens=2048) if running
+            else dict(max_num_seqs=48, max_num_batched_tokens=512))
     llm, _ = common.make_llm(model, apps=apps, fused_writes=fused_writes, dtype="float32", max_model_len=1024,
-                             max_num_seqs=48, max_num_batched_tokens=512, block_size=32)
+                             block_size=32, **size)
     eng = llm.llm_engine
     out = {}
 
@@ -530,8 +541,9 @@ def engine_steps(spec: str, configs: str, fused_writes: str, n_steps: int) -> in
         mixed, decode, k = [], [], 0
         prof = cProfile.Profile()
         for i in range(steps):
-            new = i % 2 == 0
-            if new:
+            n_new = (running - eng.get_num_unfinished_requests()) if running else int(i % 2 == 0)
+            new = n_new > 0
+            for _ in range(max(n_new, 0)):
                 p = rng.integers(10, 1000, int(np.clip(rng.lognormal(5.0, 0.9), 16, 400))).tolist()
                 eng.add_request(f"{name}-{warm}-{k}", {"prompt_token_ids": p}, sp)
                 k += 1
@@ -544,21 +556,27 @@ def engine_steps(spec: str, configs: str, fused_writes: str, n_steps: int) -> in
             eng.step()
         if warm:
             continue
-        own = {}
+        own, calls = {}, {}
         for (f, ln, fn), (cc, nc, tt, ct, _) in pstats.Stats(prof).stats.items():
             own[label(f, ln, fn)] = own.get(label(f, ln, fn), 0.0) + tt / steps
-        out[name] = {"mixed_ms": float(np.median(mixed) * 1e3), "decode_ms": float(np.median(decode) * 1e3),
-                     "self_s_per_step": own}
+            calls[label(f, ln, fn)] = calls.get(label(f, ln, fn), 0.0) + nc / steps
+        out[name] = {"mixed_ms": float(np.median(mixed) * 1e3) if mixed else float("nan"),
+                     "decode_ms": float(np.median(decode) * 1e3) if decode else float("nan"),
+                     "self_s_per_step": own, "calls_per_step": calls}
     print("XMIX_JSON " + json.dumps(out))
     return 0
 
 
-def vs_plain(configs: str, fused_writes: str, n_steps: int) -> int:
+def vs_plain(configs: str, fused_writes: str, n_steps: int, running: int = 0, json_out: str | None = None) -> int:
+    """Plain vLLM and the plugin's engine (``engine_steps``, each in its own process) on the same
+    arrivals; prints per configuration the median step times against plain, then the functions
+    whose self time and whose call count per step grew most (call counts do not depend on the
+    machine's load: a difference there is work added, not noise)."""
     model = common.write_model_config(tempfile.mkdtemp(prefix="xmix-host-"), layers=32)
     res = {}
     for spec, env in (("plain:" + model, {"VLLM_PLUGINS": ""}), ("xmix:" + model, {})):
         cmd = common.TOOL + ["profile", "vs-plain", "--_engine", spec, "--configs", configs,
-                             "--fused-writes", fused_writes, "--steps", str(n_steps)]
+                             "--fused-writes", fused_writes, "--steps", str(n_steps), "--running", str(running)]
         p = subprocess.run(cmd, env={**os.environ, **env}, cwd=common.REPO, capture_output=True, text=True)
         line = [x for x in p.stdout.splitlines() if x.startswith("XMIX_JSON ")]
         if p.returncode or not line:
@@ -566,8 +584,13 @@ def vs_plain(configs: str, fused_writes: str, n_steps: int) -> int:
             raise SystemExit(f"profile vs-plain: the {spec.split(':')[0]} engine failed (rc {p.returncode})")
         res.update(json.loads(line[-1][len("XMIX_JSON "):]))
     base = res["plain"]
+    if json_out:
+        common.write_json(json_out, {"configs": res, "fused_writes": fused_writes, "steps": n_steps,
+                                     "running": running, "commit": common.git_commit(), "date": common.today(),
+                                     "command": common.command_line()})
+    load = f"topped up to {running} requests" if running else "a new request every other step"
     print(f"32-layer Llama (d_model 64, dummy, compiled, CPU), fused_writes={fused_writes}, {n_steps} steps "
-          "per config: median ms per step (ratio to plain)")
+          f"per config, {load}: median ms per step (ratio to plain)")
     print(f"  {'plain':10s} mixed {base['mixed_ms']:8.3f}            decode {base['decode_ms']:8.3f}")
     for name in configs.split(","):
         r = res[name]
@@ -580,4 +603,9 @@ def vs_plain(configs: str, fused_writes: str, n_steps: int) -> int:
               f"(plain {sum(base['self_s_per_step'].values()) * 1e3:.3f}); grown most:")
         for dv, f in grow[:12]:
             print(f"      {dv * 1e3:+8.4f} ms/step self  {f}")
+        rc, bc = r["calls_per_step"], base["calls_per_step"]
+        print(f"      calls per step: {sum(rc.values()):.1f} (plain {sum(bc.values()):.1f}); changed most:")
+        moved = sorted(((rc.get(f, 0.0) - bc.get(f, 0.0), f) for f in set(rc) | set(bc)), key=lambda x: -abs(x[0]))
+        for dn, f in moved[:12]:
+            print(f"      {dn:+9.1f} calls/step  {f}")
     return 0
