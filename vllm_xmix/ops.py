@@ -118,8 +118,16 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     norm.
 
     Raises:
-        RuntimeError: ``weight`` is no hosting norm's (see ``SiteKeys.sites_of``)."""
+        RuntimeError: ``weight`` is no hosting norm's (see ``SiteKeys.sites_of``; not looked up
+        in a step with no app on once the hook self-check has passed)."""
     st = _state()
+    if not st.variants.run_mask and st.verified and not st.replicas.on:
+        # no app on in this step (a hosting norm's sites are never fused writes, so no site can
+        # be on): vLLM's norm, without the per-site bookkeeping, which only the self-check
+        # (verify_hooks_fired, passed) and the replica record (off) use; this is host time in
+        # every step that runs without CUDA graphs
+        plain_add_rms_norm(x, residual, weight, eps)
+        return
     plans = []
     for s in st.site_keys.sites_of(weight):
         if s >= 0:

@@ -154,7 +154,8 @@ class SlotRegistry:
 
     def forget(self, rid: str) -> None:
         """Drop request ``rid`` (finished, aborted, or registered again) and free its slot."""
-        self.req_rows.pop(rid, None)
+        if self.req_rows.pop(rid, None) is None:
+            return  # no app on: every other table here holds requests with a row only
         self.req_fc.pop(rid, None)
         self.variants.forget_request(rid)
         self.req_reads.pop(rid, None)
