@@ -273,6 +273,13 @@ def test_streamed_chunks_carry_each_tokens_read_values(server, hf):
     assert "mi_results" not in chunks[0]["choices"][0], chunks[0]
     first = next(c["choices"][0] for c in chunks if c["choices"][0].get("delta", {}).get("content"))
     assert first["mi_results"]["probe"]["probe"]["pos0"] == 0
+    # a selection without reads streams HF's steered tokens through vLLM's own stream generator:
+    # no chunk carries values
+    body = {**body, "mi_apps": ["happy"]}
+    chunks = [c for c in stream_chunks(url, "/v1/completions", body) if c.get("choices")]
+    assert [t for c in chunks for t in c["choices"][0].get("token_ids") or []] == \
+        hf.greedy(p, N, app_deltas([{"name": "happy"}]))
+    assert not any("mi_results" in c["choices"][0] for c in chunks), chunks[0]
 
 
 def test_probe_stop_ends_requests_over_http(server, hf):

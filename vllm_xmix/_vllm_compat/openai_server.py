@@ -1,16 +1,19 @@
 """OpenAI server: ``OpenAIServingCompletion.create_completion`` and
 ``OpenAIServingChat.create_chat_completion`` are wrapped so that a bad selection (``mi_apps`` or
 ``vllm_xargs["xmix"]``) is answered with an HTTP 400 before the server starts answering
-(:func:`vllm_xmix.validation.http_precheck`), also for streaming requests, and so that responses
+(:func:`vllm_xmix.validation.http_selection_check`), also for streaming requests, and so that responses
 carry read values in a ``mi_results`` field: non-streaming responses at the top level (the values
 of ``RequestOutput.mi_results`` as JSON, also kept in ``kv_transfer_params["xmix_results"]``);
 streamed chunks in their choice, the values of the positions new in that chunk
 (:class:`vllm_xmix.results.StreamDelta`), and the final chunk's choice also
 ``mi_results_complete``, all of them (the non-streaming response's ``mi_results``). A streamed
-request that selects no app gets vLLM's own stream generator, unwrapped."""
+request that selects no app, or only apps without reads (steering, ablation), gets vLLM's own
+stream generator, unwrapped: its chunks never carry values, and a wrapper would cost every
+chunk two more generator hops on the server's event loop."""
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import json
 import logging
@@ -19,11 +22,14 @@ import msgspec
 
 from ..results import StreamDelta
 from ..spec import CONFIG_KEY
-from ..validation import http_precheck
-from ..validation.http import _n_prompts, error_param, parse_json
+from ..validation.http import _n_prompts, error_param, http_selection_check, parse_json
 from .core import mark
 
 logger = logging.getLogger("vllm.xmix")
+
+#: whether the request being answered (in this task) may get read values in its responses, set
+#: by the request handler for the stream generator it creates; True where unknown (wrap)
+_MAY_READ: contextvars.ContextVar[bool] = contextvars.ContextVar("xmix_may_read", default=True)
 
 
 def patch_openai_server() -> None:
@@ -37,10 +43,14 @@ def patch_openai_server() -> None:
     def wrap(orig, prompts):
         @functools.wraps(orig)
         async def create(self, request, *args, **kwargs):
-            err = http_precheck(self, request, prompts(request))
+            err, may_read = http_selection_check(self, request, prompts(request))
             if err is not None:  # the OpenAI error body's param: the field the message names
                 return self.create_error_response(err, param=error_param(err))
-            resp = await orig(self, request, *args, **kwargs)
+            token = _MAY_READ.set(may_read)  # (read by wrap_stream, when orig creates the stream)
+            try:
+                resp = await orig(self, request, *args, **kwargs)
+            finally:
+                _MAY_READ.reset(token)
             kv = getattr(resp, "kv_transfer_params", None)
             if isinstance(kv, dict) and "xmix_results" in kv:
                 resp.mi_results = kv["xmix_results"]  # (an extra field: vLLM's response models allow them)
@@ -51,9 +61,9 @@ def patch_openai_server() -> None:
     def wrap_stream(orig, gen_index):
         @functools.wraps(orig)
         def stream(self, request, *args, **kwargs):
-            """vLLM's stream generator itself for a request that selects no app, else
-            :func:`stream_with_reads` around it."""
-            if CONFIG_KEY not in (getattr(request, "vllm_xargs", None) or {}):
+            """vLLM's stream generator itself for a request that selects no app or only apps
+            without reads, else :func:`stream_with_reads` around it."""
+            if CONFIG_KEY not in (getattr(request, "vllm_xargs", None) or {}) or not _MAY_READ.get():
                 return orig(self, request, *args, **kwargs)
             return stream_with_reads(orig, gen_index, self, request, args, kwargs)
 

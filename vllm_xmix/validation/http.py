@@ -177,36 +177,39 @@ def _n_prompts(prompt) -> int:
     return 1
 
 
-def http_precheck(serving, request, n_prompts: int = 1) -> str | None:
+def http_selection_check(serving, request, n_prompts: int = 1) -> tuple[str | None, bool]:
     """Checks of a request's ``vllm_xargs["xmix"]`` before the OpenAI server starts answering (so
     a bad selection is an HTTP 400 also for streaming requests, whose status is sent before the
     engine sees the request; a top-level ``mi_apps`` is moved into ``vllm_xargs`` first,
-    :func:`take_body_selection`). Returns the error message or None."""
+    :func:`take_body_selection`). Returns (the error message or None, whether the request's
+    responses may carry read values: False for a request without apps or whose apps only write,
+    True where that is not known here, e.g. without the engine's configuration)."""
     err, field, sent = take_body_selection(request)
     if err is not None:
-        return err
+        return err, False
     xargs = getattr(request, "vllm_xargs", None) or {}
     if CONFIG_KEY not in xargs:
-        return None
+        return None, False
     vllm_config = getattr(getattr(serving, "engine_client", None), "vllm_config", None)
     try:
         if vllm_config is None:
-            return None  # the engine checks it when the request is added
+            return None, True  # the engine checks it when the request is added
         wire, _ = validate_selection(vllm_config, sent, getattr(request, "n", 1) or 1, field=field)
         if not wire or not wire["apps"]:
-            return None
+            return None, False
         if getattr(request, "use_beam_search", False):
             raise XmixSpecError(f"{field}: beam search builds its own sampling requests, which "
                                 "would run without the apps; not supported with vllm-xmix apps")
         dep, _ = _deployment_of(vllm_config)
+        has_reads = [a["name"] for a in wire["apps"] if dep.app(a["name"]).has_reads]
         reads = [a["name"] for a in wire["apps"] if dep.app(a["name"]).has_reads and a.get("scale") != 0]
         if reads and n_prompts > 1:
             raise XmixSpecError(f"{field}: apps {reads} have reads, but a completions request with "
                                 f"{n_prompts} prompts returns one kv_transfer_params for all of them; send one "
                                 "prompt per request")
     except XmixSpecError as e:
-        return str(e)
-    return None
+        return str(e), False
+    return None, bool(has_reads)
 
 
 #: msgspec (a vLLM dependency) parses JSON several times faster than the json module: it runs on
