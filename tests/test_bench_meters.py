@@ -2,7 +2,8 @@
 (benchmarks/xmix_bench/server_metrics.py: exposition text written by hand, two engines' label
 sets, and the run's share of it; the same meter against a real server is in
 tests/test_serve.py); `profile api-cpu` (benchmarks/xmix_bench/api_cpu.py) against its own CPU
-server; `profile norm-call` on a hosted norm."""
+server; `profile api-calls` (api_calls.py) against its own profiled CPU servers; `profile
+norm-call` on a hosted norm."""
 
 from __future__ import annotations
 
@@ -66,6 +67,26 @@ def test_api_cpu_streams_every_chunk_and_meters_the_api_server():
         (run,) = r["configs"][c]["runs"]
         assert run["tokens"] == 6 * 5 and 6 <= run["chunks"] <= 6 * 5, (c, run)
         assert run["api_us_per_token"] > 0 and run["api_us_per_chunk"] >= run["api_us_per_token"], (c, run)
+
+
+@pytest.mark.one_version
+def test_api_calls_profiles_exactly_the_measured_requests():
+    """`profile api-calls`: the profile covers the measured requests (every token counted; a
+    probe's per-chunk work shows as calls of the plugin's read assembly, which a request without
+    apps never makes, and as more calls per token), on a server with the plugin and one
+    without it."""
+    from benchmarks.xmix_bench.api_calls import api_calls, report
+
+    r = api_calls(["plain", "none", "probe_one"], requests=4, tokens=6, concurrency=2)
+    cf = r["configs"]
+    for c in ("plain", "none", "probe_one"):
+        assert cf[c]["tokens"] == 4 * 6 and cf[c]["calls_per_chunk"] > 0, (c, cf[c])
+    per_token = {c: cf[c]["calls_per_chunk"] * cf[c]["chunks"] / cf[c]["tokens"] for c in cf}
+    assert per_token["probe_one"] > per_token["none"], per_token
+    probe_funcs = [k for k, here, ref in cf["probe_one"]["changed"] if "vllm_xmix/" in k and ref == 0]
+    assert probe_funcs, cf["probe_one"]["changed"]
+    assert not any("vllm_xmix/results.py" in k and here > 0 for k, here, ref in cf["none"]["changed"])
+    assert "probe_one" in report(r)
 
 
 @pytest.mark.one_version

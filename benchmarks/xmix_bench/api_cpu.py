@@ -69,13 +69,17 @@ async def _stream_all(url: str, model: str, xargs, n: int, tokens: int, concurre
 SERVERS = {"plain": False, "empty": True}
 
 
-def _start(model: str, deployment: dict | None, log: str, plugin: bool = True) -> tuple[subprocess.Popen, str]:
+def _start(model: str, deployment: dict | None, log: str, plugin: bool = True,
+           profile_out: str | None = None) -> tuple[subprocess.Popen, str]:
     """A CPU OpenAI server of ``model`` with ``deployment`` (None: nothing deployed), the plugin
-    loaded unless ``plugin`` is False; (its process, its URL) once it answers."""
+    loaded unless ``plugin`` is False; (its process, its URL) once it answers. ``profile_out``:
+    run it under ``profiled_server.py`` (profiles switched by signals, written to
+    ``profile_out.<k>``)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "float32",
+    server = "vllm.entrypoints.openai.api_server" if profile_out is None else "benchmarks.xmix_bench.profiled_server"
+    cmd = [sys.executable, "-m", server, "--model", model, "--dtype", "float32",
            "--max-model-len", "256", "--enforce-eager", "--max-num-seqs", "32", "--port", str(port),
            "--host", "127.0.0.1"]
     if deployment is not None:
@@ -85,6 +89,9 @@ def _start(model: str, deployment: dict | None, log: str, plugin: bool = True) -
         env["VLLM_PLUGINS"] = ""
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the engine core in its own process, as served
+    if profile_out is not None:
+        env["XMIX_PROFILE_OUT"] = profile_out
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (str(common.REPO), env.get("PYTHONPATH")) if x)
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -37,6 +37,9 @@ Actions:
   vLLM's add + RMSNorm called directly (what a step without CUDA graphs pays per hosted norm).
 * ``api-cpu``: the API server's CPU time per streamed chunk on a real CPU server, per
   configuration (``api_cpu.py``).
+* ``api-calls``: the API server's Python calls per streamed chunk on real CPU servers (a
+  cProfile of its event loop around the measured requests only), per configuration, and the
+  functions whose calls changed most against the first configuration (``api_calls.py``).
 * ``vs-plain``: whole engine steps against vLLM without the plugin, compiled (no CUDA graphs
   on a CPU), serving-like arrivals: a 32-layer Llama config (d_model 64, dummy weights), a new
   request of 16-400 prompt tokens every second step beside up to 32 decoding ones,
@@ -117,6 +120,13 @@ def add_arguments(p) -> None:
     a.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     a.add_argument("--rounds", type=int, default=3, help="interleaved rounds (after a warm-up)")
     a.add_argument("--json", help="write the result here")
+    ac = sub.add_parser("api-calls", help="the API server's Python calls per streamed chunk, real CPU servers")
+    ac.add_argument("--configs", default="plain,empty,none,probe_one,steer_all",
+                    help="as for api-cpu; the first is what the others are compared with")
+    ac.add_argument("--requests", type=int, default=64, help="streamed requests per configuration")
+    ac.add_argument("--tokens", type=int, default=64, help="tokens per request")
+    ac.add_argument("--concurrency", type=int, default=32, help="requests in flight")
+    ac.add_argument("--json", help="write the result here")
     v = sub.add_parser("vs-plain", help="whole engine steps, compiled, serving-like arrivals: plugin vs plain vLLM")
     v.add_argument("--configs", default="inactive,steer_all,probe_one",
                    help="apps on per request (inactive: none), names of the benchmark deployment")
@@ -169,6 +179,14 @@ def main(args) -> int:
                   f"({v['api_us_per_token']:.1f} per token), engine core {v['engine_us_per_chunk']:.1f} "
                   f"(median of {len(v['runs'])} runs of {r['requests']} requests x {r['tokens']} tokens, "
                   f"{r['concurrency']} at a time)")
+        return 0
+    if args.action == "api-calls":
+        from .api_calls import api_calls, report
+
+        r = api_calls(args.configs.split(","), args.requests, args.tokens, args.concurrency)
+        if args.json:
+            common.write_json(args.json, r)
+        print(report(r))
         return 0
     # CPU engines: in-process (cProfile sees the worker) and a small KV cache
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
