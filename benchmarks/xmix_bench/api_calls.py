@@ -18,7 +18,6 @@ per-step work is ``profile vs-plain``'s."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import pstats
 import signal
