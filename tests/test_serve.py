@@ -152,6 +152,64 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
     assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N), resp
 
 
+def test_selection_keys_spelled_with_json_escapes_are_refused_too():
+    """The route guard parses a body only when its bytes may hold a selection key; a key spelled
+    with JSON escapes (``"\\u0058MIX"`` is ``"XMIX"``) in a container the server does not read is
+    refused like its plain spelling, and a prompt that only names the word is not."""
+    from vllm_xmix.validation.http import on_route_error
+
+    for raw, path in ((rb'{"prompt":"p","vllm_xarg":{"\u0058MIX":["happy"]}}', "vllm_xarg.XMIX"),
+                      (rb'{"prompt":"p","extra_args":{"\u0078mix":["happy"]}}', "extra_args.xmix"),
+                      (rb'{"prompt":"p","EXTRA_ARGS":{"Mi_Apps":["happy"]}}', "EXTRA_ARGS.Mi_Apps")):
+        err = on_route_error(raw)
+        assert err is not None and err.startswith(f"{path}: not read by this server"), (raw, err)
+    for raw in (rb'{"prompt":"what is XMIX or MI_APPS? \u00e9"}', rb'{"prompt":"p","vllm_xargs":{"xmix":"[\"happy\"]"}}',
+                rb'{"prompt":"p","metadata":{"XMIX":1}}'):
+        assert on_route_error(raw) is None, raw
+
+
+@pytest.mark.one_version
+def test_a_stream_is_wrapped_only_for_a_selection_that_returns_values(tiny_llama):
+    """A streamed request whose selected apps return nothing (steering; a probe at scale 0)
+    gets vLLM's own stream generator, unwrapped (no per-chunk work of the plugin); one with a
+    read on (a probe, a stop trigger) gets the wrapper that adds the values to its chunks. The
+    decision is made by the request handler's check against the engine's deployment, where the
+    handler runs it."""
+    from types import SimpleNamespace as NS
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+
+    from vllm_xmix._vllm_compat import openai_server
+    from vllm_xmix.validation import http_selection_check
+
+    cfg = EngineArgs(model=tiny_llama, dtype="float32", max_model_len=256,
+                     additional_config=server_deployment()).create_engine_config()
+    serving = NS(engine_client=NS(vllm_config=cfg))
+    cases = ((["happy"], False), (["happy", "sad"], False), ([{"name": "probe", "scale": 0}], False),
+             (["probe"], True), (["guard"], True), (["happy", "probe"], True))
+    for sel, may_read in cases:
+        req = CompletionRequest(model=tiny_llama, prompt=[1, 2, 3], stream=True, vllm_xargs={"xmix": json.dumps(sel)})
+        assert http_selection_check(serving, req) == (None, may_read), sel
+    openai_server.patch_openai_server()  # (idempotent: the plugin's patches, as in a server)
+    for may_read in (False, True):
+        token = openai_server._MAY_READ.set(may_read)
+        try:
+            req = NS(vllm_xargs={"xmix": '["happy"]'})
+            gens = (OpenAIServingCompletion.completion_stream_generator(None, req, *[None] * 8),
+                    OpenAIServingChat.chat_completion_stream_generator(None, req, *[None] * 8))
+            names = [g.ag_code.co_name for g in gens]
+            for g in gens:
+                g.aclose().close()  # (never started)
+        finally:
+            openai_server._MAY_READ.reset(token)
+        want = ["stream_with_reads"] * 2 if may_read else ["completion_stream_generator",
+                                                            "chat_completion_stream_generator"]
+        assert names == want, (may_read, names)
+
+
 def post(url, path, body):
     """(status, JSON answer or {}) of a JSON POST."""
     req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})

@@ -3,8 +3,13 @@ loop, on real CPU servers, per configuration.
 
 CPU time on a shared 2-core machine moves by more than the differences in question (``profile
 api-cpu`` measured 5-7 us per chunk between separately started servers and could not resolve
-it); the number of Python calls the server's main thread makes per streamed chunk does not move
-with the machine's load: a difference there is work one server does and the other does not.
+it); the number of Python calls the server's main thread makes moves much less with the
+machine's load. Per request and per chunk it is exact; what moves is the front end's work per
+batch of outputs the engine core sends (vLLM's stats and metrics, the output handler's loop),
+which follows how many requests' outputs arrive together, and how many tokens a chunk carries
+(a lagging stream's outputs are merged). So besides the totals per chunk and per token the
+calls made in and directly from the plugin's own functions are counted apart (``plugin``:
+exact, 0 without the plugin).
 This starts the servers of ``api_cpu`` (a tiny Llama, float32, eager; ``plain``: without the
 plugin, ``empty``: the plugin with nothing deployed, otherwise the benchmark deployment) under
 ``profiled_server.py``, streams ``--requests`` completions of ``--tokens`` tokens per
@@ -38,20 +43,28 @@ def _label(f: str, ln: int, fn: str) -> str:
     return f"{f}:{ln}({fn})"
 
 
-def _calls(path: str) -> dict[str, int]:
-    """{function: calls} of one pstats file (built-in methods of different objects merged by name)."""
+def _is_plugin(f: str) -> bool:
+    return f"{os.sep}vllm_xmix{os.sep}" in f
+
+
+def _calls(path: str) -> tuple[dict[str, int], int]:
+    """({function: calls}, calls made in or directly from the plugin's functions) of one pstats
+    file (built-in methods of different objects merged by name)."""
     out: dict[str, int] = {}
+    plugin = 0
     for (f, ln, fn), (cc, nc, tt, ct, callers) in pstats.Stats(path).stats.items():
+        plugin += nc if _is_plugin(f) else sum(v[1] for (cf, _, _), v in callers.items() if _is_plugin(cf))
         if f == "~" and " at 0x" in fn:  # e.g. "<built-in method __new__ of type object at 0x...>"
             fn = fn.split(" at 0x")[0] + ">"
         key = _label(f, ln, fn)
         out[key] = out.get(key, 0) + nc
-    return out
+    return out, plugin
 
 
 def api_calls(configs: list[str], requests: int = 64, tokens: int = 64, concurrency: int = 32,
               top: int = 15) -> dict:
-    """``{"configs": {name: {"chunks", "tokens", "calls_per_chunk", "calls_per_token", "gc": {...}, "changed":
+    """``{"configs": {name: {"chunks", "tokens", "calls_per_chunk", "calls_per_token",
+    "plugin_calls_per_chunk", "plugin_calls_per_token", "gc": {...}, "changed":
     [[function, calls per chunk here, in the first configuration], ...]}}, ...}`` (see the module
     docstring).
 
@@ -96,11 +109,14 @@ def api_calls(configs: list[str], requests: int = 64, tokens: int = 64, concurre
                 if os.path.exists(path + ".gc.json"):
                     break
                 time.sleep(0.1)
-            raw[c] = _calls(path)
+            else:
+                raise RuntimeError(f"profile api-calls: the {srv} server wrote no profile in 10 s ({path})")
+            raw[c], plugin = _calls(path)
             g = common.read_json(path + ".gc.json")
             out["configs"][c] = {
                 "chunks": chunks, "tokens": toks, "calls_per_chunk": round(sum(raw[c].values()) / chunks, 2),
                 "calls_per_token": round(sum(raw[c].values()) / toks, 2),
+                "plugin_calls_per_chunk": round(plugin / chunks, 2), "plugin_calls_per_token": round(plugin / toks, 2),
                 "gc": {"collections": g["collections"], "seconds": [round(x, 5) for x in g["seconds"]],
                        "collected_per_request": round(g["collected"] / requests, 2),
                        "tracked_start": g["tracked_start"], "tracked_end": g["tracked_end"], "frozen": g["frozen"]}}
@@ -129,7 +145,8 @@ def report(r: dict) -> str:
         v = r["configs"][c]
         g = v["gc"]
         lines.append(f"  {c:12s} {v['calls_per_chunk']:8.2f} per chunk ({v['calls_per_chunk'] / ref - 1:+.1%}), "
-                     f"{v['calls_per_token']:8.2f} per token ({v['calls_per_token'] / ref_t - 1:+.1%}); chunks "
+                     f"{v['calls_per_token']:8.2f} per token ({v['calls_per_token'] / ref_t - 1:+.1%}); plugin "
+                     f"{v['plugin_calls_per_chunk']:.2f} per chunk, {v['plugin_calls_per_token']:.2f} per token; chunks "
                      f"{v['chunks']}, gc collections {g['collections']} ({sum(g['seconds']) * 1e3:.1f} ms), "
                      f"{g['collected_per_request']} objects collected per request")
     for c in cfgs[1:]:

@@ -359,7 +359,8 @@ def norm_call(tokens: int = 8, calls: int = 20000, repeats: int = 3) -> dict:
     ``ops.hook_norm_``) in a forward where no app is on, against vLLM's add + RMSNorm called
     directly on the same tensors: what a step that runs without CUDA graphs (more tokens than
     the largest captured size) pays per hosted norm with apps off. An in-process eager CPU
-    engine (4-layer Llama config, d_model 64, steer_all deployed); the norm of layer 1."""
+    engine (4-layer Llama config, d_model 64, steer_all deployed) after one request (the hook
+    self-check passed); the norm of layer 1."""
     import torch
     from vllm.forward_context import set_forward_context
 
@@ -371,6 +372,8 @@ def norm_call(tokens: int = 8, calls: int = 20000, repeats: int = 3) -> dict:
     cfg = common.load_config(model)
     llm, _ = common.make_llm(model, apps=common.serving_apps(cfg, names=["steer_all"]), fused_writes="norm",
                              dtype="float32", max_model_len=256, eager=True)
+    # one request first: the hook self-check passes in the first real forward, as in a serving engine
+    llm.generate([{"prompt_token_ids": [1, 2, 3]}], common.sampling(None, max_tokens=2), use_tqdm=False)
     runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
     norm = next(m for n, m in runner.model.named_modules() if n.endswith("layers.1.input_layernorm"))
     if getattr(norm.forward, "func", None) is None:

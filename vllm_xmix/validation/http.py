@@ -62,12 +62,15 @@ def error_param(message: str) -> str | None:
 
 def _mentions(body: bytes) -> bool:
     """Whether a raw body may hold a selection key (``xmix``, ``mi_apps``, ``mi-apps``, in any
-    case): only such bodies are parsed. One lower-cased copy and three byte searches, on every
-    POST (~0.1 ms for a body of 100 KB; ``bytes.lower`` is faster than a case-insensitive
-    regular expression by far), so that a key of any case in a misspelled container
-    (``vllm_xarg.XMIX``) is found too."""
+    case, or spelled with JSON escapes such as ``\\u0058MIX``): only such bodies are parsed. One
+    lower-cased copy and four byte searches, on every POST (~0.15 ms for a body of 100 KB;
+    ``bytes.lower`` is faster than a case-insensitive regular expression by far), so that a
+    key of any case in a misspelled container (``vllm_xarg.XMIX``) is found too. Bodies with
+    ASCII escapes (``\\u00``: accented text from clients that escape non-ASCII) and long
+    base64 data (about one match of ``xmix`` in any case per MB) are parsed for nothing; vLLM
+    parses every body anyway."""
     low = body.lower()
-    return CONFIG_KEY.encode() in low or b"mi_apps" in low or b"mi-apps" in low
+    return CONFIG_KEY.encode() in low or b"mi_apps" in low or b"mi-apps" in low or b"\\u00" in low
 
 
 def _is_selection_key(key) -> bool:
@@ -182,8 +185,9 @@ def http_selection_check(serving, request, n_prompts: int = 1) -> tuple[str | No
     a bad selection is an HTTP 400 also for streaming requests, whose status is sent before the
     engine sees the request; a top-level ``mi_apps`` is moved into ``vllm_xargs`` first,
     :func:`take_body_selection`). Returns (the error message or None, whether the request's
-    responses may carry read values: False for a request without apps or whose apps only write,
-    True where that is not known here, e.g. without the engine's configuration)."""
+    responses may carry read values or trigger records: False for a request without apps, whose
+    apps only write, or whose reading apps are off (scale 0); True where that is not known here,
+    e.g. without the engine's configuration)."""
     err, field, sent = take_body_selection(request)
     if err is not None:
         return err, False
@@ -201,7 +205,7 @@ def http_selection_check(serving, request, n_prompts: int = 1) -> tuple[str | No
             raise XmixSpecError(f"{field}: beam search builds its own sampling requests, which "
                                 "would run without the apps; not supported with vllm-xmix apps")
         dep, _ = _deployment_of(vllm_config)
-        has_reads = [a["name"] for a in wire["apps"] if dep.app(a["name"]).has_reads]
+        # (a read at scale 0 is off: no values, no trigger records)
         reads = [a["name"] for a in wire["apps"] if dep.app(a["name"]).has_reads and a.get("scale") != 0]
         if reads and n_prompts > 1:
             raise XmixSpecError(f"{field}: apps {reads} have reads, but a completions request with "
@@ -209,7 +213,7 @@ def http_selection_check(serving, request, n_prompts: int = 1) -> tuple[str | No
                                 "prompt per request")
     except XmixSpecError as e:
         return str(e), False
-    return None, bool(has_reads)
+    return None, bool(reads)
 
 
 #: msgspec (a vLLM dependency) parses JSON several times faster than the json module: it runs on
