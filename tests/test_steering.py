@@ -39,6 +39,28 @@ def test_steered_equals_hf_hooked(steer_llm, hf, apps):
     assert got != plain, "steering must change the output of this tiny model"
 
 
+def test_a_write_only_request_runs_vllms_per_output_code(steer_llm, hf):
+    """A request whose apps only write keeps vLLM's ``RequestState`` class (the front end's
+    per-output code of the plugin is for requests whose apps may return values), gets HF's
+    steered tokens and has no ``mi_results``; its app versions are still tracked (an app
+    replaced on a running server must not reuse its entries while it runs)."""
+    from vllm.v1.engine.output_processor import RequestState
+
+    from vllm_xmix._vllm_compat.output_processor import live_versions
+
+    engine, apps = steer_llm.llm_engine, [{"name": "happy"}]
+    engine.add_request("write-only", {"prompt_token_ids": PROMPTS[0]}, sp(apps))
+    (st,) = engine.output_processor.request_states.values()
+    assert type(st) is RequestState, type(st)
+    assert live_versions(engine.output_processor) == [["happy", 0]]
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.finished]
+    (o,) = outs
+    assert list(o.outputs[0].token_ids) == hf.greedy(PROMPTS[0], N, app_deltas(apps))
+    assert o.mi_results is None
+
+
 def test_mixed_batch_equals_solo(steer_llm):
     """8 requests with different apps/scales, some off, different lengths and finishing at
     different steps (rows move in the batch), in one generate: each equals its solo run."""

@@ -18,15 +18,26 @@ import functools
 
 from ..spec import CONFIG_KEY, XmixSpecError
 from ..validation import validate_request
-from ..validation.requests import READ_SALT, validate_selection
+from ..validation.requests import READ_SALT, selection_reads, validate_selection
 from .core import mark
 
 
-def stamp(req, wire, salt) -> None:
+#: attribute of an engine request's ``SamplingParams`` (front end only: not a msgspec field, so
+#: never sent to the engine core) saying whether its apps may return values; read by the output
+#: processor's ``add_request`` (absent: they may)
+READS_ATTR = "_xmix_reads"
+
+
+def stamp(req, wire, salt, reads: bool = True) -> None:
     """Write the checked selection ``wire`` (canonical dict) into ``req.sampling_params`` and add
-    ``salt`` (or None) to ``req.cache_salt`` once (an ``EngineCoreRequest``, in place)."""
+    ``salt`` (or None) to ``req.cache_salt`` once (an ``EngineCoreRequest``, in place); ``reads``:
+    whether the selection has a read on (:data:`READS_ATTR`)."""
     if wire is None or req.sampling_params is None:
         return
+    try:
+        setattr(req.sampling_params, READS_ATTR, bool(reads))
+    except AttributeError:  # (a SamplingParams without a __dict__: the output processor assumes reads)
+        pass
     ea = dict(req.sampling_params.extra_args or {})
     ea[CONFIG_KEY] = wire
     req.sampling_params.extra_args = ea
@@ -69,7 +80,7 @@ def check_engine_request(vllm_config, req) -> None:
     except XmixSpecError as e:
         raise XmixSpecError(f"request {req.request_id}: {e}") from None
     req.sampling_params = sp.clone()
-    stamp(req, wire, salt)
+    stamp(req, wire, salt, bool(selection_reads(vllm_config, wire)))
 
 
 def patch_input_processor() -> None:
@@ -86,7 +97,7 @@ def patch_input_processor() -> None:
             except XmixSpecError as e:  # which request of a batch was refused
                 raise XmixSpecError(f"request {request_id}: {e}") from None
             req = orig(self, request_id, prompt, params, *args, **kwargs)
-            stamp(req, wire, salt)
+            stamp(req, wire, salt, bool(selection_reads(self.vllm_config, wire)) if wire else False)
             return req
 
         return process_inputs

@@ -1,8 +1,9 @@
 """Output processor (front end). ``OutputProcessor.add_request`` is wrapped so that the state of
 each request that selects apps remembers the app versions it runs (:func:`live_versions`: which
 versions requests in flight still use, so an app change on a running server never reuses their
-entries) and is switched to a subclass of vLLM's ``RequestState`` (:func:`_apps_class`; requests
-without apps keep vLLM's class and run its ``make_request_output`` unchanged), whose
+entries) and, if its apps may return values (``input_processor.READS_ATTR``), is switched to a
+subclass of vLLM's ``RequestState`` (:func:`_apps_class`; requests without apps or with
+write-only apps keep vLLM's class and run its ``make_request_output`` unchanged), whose
 ``make_request_output`` assembles the request's read values per position
 (:mod:`vllm_xmix.results`) and sets them as ``RequestOutput.mi_results``; the final values also go
 into the response's ``kv_transfer_params["xmix_results"]`` (JSON), which the OpenAI server
@@ -19,6 +20,7 @@ from vllm.outputs import RequestOutput
 from ..results import ReadResults
 from ..spec import CONFIG_KEY
 from .core import mark
+from .input_processor import READS_ATTR
 from .scheduler import TRIGGERS_KEY
 
 
@@ -103,7 +105,9 @@ def patch_output_processor() -> None:
                 has_apps = bool(vs)
             else:  # (every request that entered through the engine is canonical: input_processor)
                 has_apps = bool(sel)
-            if has_apps and not isinstance(st, _AppsRequestOutputs):
+            # only a request whose apps may return values needs the subclass (a request with
+            # write-only apps gets vLLM's make_request_output for every output)
+            if has_apps and not isinstance(st, _AppsRequestOutputs) and getattr(sp, READS_ATTR, True):
                 st.__class__ = _apps_class(type(st))
             return out
 

@@ -18,7 +18,7 @@ import re
 import msgspec
 
 from ..spec import CONFIG_KEY, XmixSpecError
-from .requests import _deployment_of, validate_selection
+from .requests import selection_reads, validate_selection
 
 BODY_FIELD = "mi_apps"
 #: the routes whose requests apps apply to (and whose responses carry read values)
@@ -204,9 +204,7 @@ def http_selection_check(serving, request, n_prompts: int = 1) -> tuple[str | No
         if getattr(request, "use_beam_search", False):
             raise XmixSpecError(f"{field}: beam search builds its own sampling requests, which "
                                 "would run without the apps; not supported with vllm-xmix apps")
-        dep, _ = _deployment_of(vllm_config)
-        # (a read at scale 0 is off: no values, no trigger records)
-        reads = [a["name"] for a in wire["apps"] if dep.app(a["name"]).has_reads and a.get("scale") != 0]
+        reads = selection_reads(vllm_config, wire)
         if reads and n_prompts > 1:
             raise XmixSpecError(f"{field}: apps {reads} have reads, but a completions request with "
                                 f"{n_prompts} prompts returns one kv_transfer_params for all of them; send one "

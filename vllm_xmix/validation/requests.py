@@ -149,6 +149,17 @@ def validate_request(vllm_config, params):
     return validate_selection(vllm_config, ea[CONFIG_KEY], getattr(params, "n", 1))
 
 
+def selection_reads(vllm_config, wire) -> list[str]:
+    """The apps of a checked selection (canonical ``wire``, :func:`validate_selection`) whose
+    reads are on, so whose values (or trigger records) may come back to the front end: apps with
+    a returned read (``AppSpec.has_reads``) at a scale other than 0 (scale 0: the app is off)."""
+    apps = (wire or {}).get("apps") or ()
+    if not apps:
+        return []
+    dep, _ = _deployment_of(vllm_config)
+    return [a["name"] for a in apps if dep.app(a["name"]).has_reads and a.get("scale") != 0]
+
+
 def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
     """Validate a request's app selection (``extra_args["xmix"]`` / ``vllm_xargs["xmix"]``)
     against the engine's deployment; returns (canonical wire dict, cache salt or None). ``field``
