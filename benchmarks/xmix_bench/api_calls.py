@@ -30,7 +30,7 @@ import tempfile
 import time
 
 from . import common
-from .api_cpu import SERVERS, _start, _stop, _stream_all
+from .api_cpu import SERVERS, _start, _stop, _stream_all, model_and_deployment
 
 
 def _label(f: str, ln: int, fn: str) -> str:
@@ -70,13 +70,7 @@ def api_calls(configs: list[str], requests: int = 64, tokens: int = 64, concurre
 
     Raises:
         RuntimeError: a server did not start, or a request was refused."""
-    from vllm_xmix import deploy
-    from vllm_xmix.tiny import build_tiny_model
-
-    model = build_tiny_model("llama")
-    cfg = common.load_config(model)
-    names = [c for c in configs if c != "none" and c not in SERVERS]
-    apps = common.serving_apps(cfg, names=names) if names else common.serving_apps(cfg, names=["probe_one"])
+    model, deployment = model_and_deployment(configs)
     tmp = tempfile.mkdtemp(prefix="xmix-api-calls-")
     out: dict = {"configs": {}, "requests": requests, "tokens": tokens, "concurrency": concurrency,
                  "commit": common.git_commit(), "date": common.today(), "command": common.command_line(),
@@ -84,7 +78,7 @@ def api_calls(configs: list[str], requests: int = 64, tokens: int = 64, concurre
     servers: dict[str, tuple] = {}
     try:
         if any(c not in SERVERS for c in configs):
-            servers["xmix"] = _start(model, deploy(*apps, fused_writes="none"), os.path.join(tmp, "xmix.log"),
+            servers["xmix"] = _start(model, deployment, os.path.join(tmp, "xmix.log"),
                                      profile_out=os.path.join(tmp, "xmix.prof"))
         for c in configs:
             if c in SERVERS:

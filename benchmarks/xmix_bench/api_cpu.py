@@ -123,6 +123,18 @@ def _stop(proc: subprocess.Popen) -> None:
         pass
 
 
+def model_and_deployment(configs: list[str]) -> tuple[str, dict]:
+    """The tiny Llama's folder and the benchmark deployment for it (``common.serving_apps``: the
+    apps ``configs`` name, or the probe alone; ``fused_writes="none"``), as the servers here use them."""
+    from vllm_xmix import deploy
+    from vllm_xmix.tiny import build_tiny_model
+
+    model = build_tiny_model("llama")
+    names = [c for c in configs if c != "none" and c not in SERVERS]
+    apps = common.serving_apps(common.load_config(model), names=names or ["probe_one"])
+    return model, deploy(*apps, fused_writes="none")
+
+
 def api_cpu(configs: list[str], requests: int = 96, tokens: int = 64, concurrency: int = 32,
             rounds: int = 3) -> dict:
     """``{"configs": {name: {"api_us_per_chunk": median, "engine_us_per_chunk": median, "runs":
@@ -130,13 +142,7 @@ def api_cpu(configs: list[str], requests: int = 96, tokens: int = 64, concurrenc
 
     Raises:
         RuntimeError: the server did not start, or a request was refused."""
-    from vllm_xmix import deploy
-    from vllm_xmix.tiny import build_tiny_model
-
-    model = build_tiny_model("llama")
-    cfg = common.load_config(model)
-    names = [c for c in configs if c != "none" and c not in SERVERS]
-    apps = common.serving_apps(cfg, names=names) if names else common.serving_apps(cfg, names=["probe_one"])
+    model, deployment = model_and_deployment(configs)
     tmp = tempfile.mkdtemp(prefix="xmix-api-cpu-")
     log = os.path.join(tmp, "server.log")
     out: dict = {"configs": {c: {"runs": []} for c in configs}, "requests": requests, "tokens": tokens,
@@ -144,7 +150,7 @@ def api_cpu(configs: list[str], requests: int = 96, tokens: int = 64, concurrenc
                  "date": common.today(), "command": common.command_line(), "server_log": log}
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
-        servers["xmix"] = _start(model, deploy(*apps, fused_writes="none"), log)
+        servers["xmix"] = _start(model, deployment, log)
         for c in configs:
             if c in SERVERS:
                 out[f"server_log_{c}"] = os.path.join(tmp, f"server-{c}.log")
