@@ -28,7 +28,7 @@ from .core import mark
 READS_ATTR = "_xmix_reads"
 
 
-def stamp(req, wire, salt, reads: bool = True) -> None:
+def stamp(req, wire, salt, reads: bool) -> None:
     """Write the checked selection ``wire`` (canonical dict) into ``req.sampling_params`` and add
     ``salt`` (or None) to ``req.cache_salt`` once (an ``EngineCoreRequest``, in place); ``reads``:
     whether the selection has a read on (:data:`READS_ATTR`)."""
@@ -97,7 +97,7 @@ def patch_input_processor() -> None:
             except XmixSpecError as e:  # which request of a batch was refused
                 raise XmixSpecError(f"request {request_id}: {e}") from None
             req = orig(self, request_id, prompt, params, *args, **kwargs)
-            stamp(req, wire, salt, bool(selection_reads(self.vllm_config, wire)) if wire else False)
+            stamp(req, wire, salt, bool(selection_reads(self.vllm_config, wire)))
             return req
 
         return process_inputs

@@ -25,6 +25,7 @@ _DEP_CACHE: dict[int, tuple] = {}
 #: with one never shares prompt blocks, whatever else is salted
 READ_SALT = ":read-"
 
+
 def _deployment_info(vllm_config):
     """(deployment or None, {app name: content hash}, {app name: [(op index, deployed scale,
     size)]}, write limits) of the engine's apps as they are now (the deployment, or after a
