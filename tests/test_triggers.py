@@ -116,6 +116,32 @@ def test_streamed_stop_ends_the_stream_with_the_record(setup):
     assert last.mi_results["guard"]["triggers"][0]["position"] == p
 
 
+def test_stop_check_is_vllms_own_unless_a_stop_is_pending(setup):
+    """vLLM checks every running request for a stop in every step: the plugin's check runs only
+    between a stop trigger's crossing and the output that ends the request. Here the crossing is
+    in the prompt's first chunks (16-token steps), so the stop waits for the first token; before
+    it and after it the check is vLLM's function."""
+    import vllm.v1.core.sched.scheduler as sched_mod
+    from vllm.v1.core.sched.utils import check_stop as vllms
+
+    s, llm = setup, setup["llm"]
+    engine = llm.llm_engine
+    assert sched_mod.check_stop is vllms
+    engine.add_request("cut", {"prompt_token_ids": PROMPT_A}, sp(["guard_prompt"]))
+    pending, last_out = [], None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            last_out = out
+        pending.append(sched_mod.check_stop is not vllms)
+    assert last_out.finished and list(last_out.outputs[0].token_ids) == s["gen_a"][:1]
+    assert last_out.outputs[0].stop_reason == "xmix:guard_prompt.probe"
+    # pending from the step whose chunk holds the crossing to the step that samples the first token
+    first, last = 1 + s["p_prompt"] // 16, (len(PROMPT_A) + 15) // 16  # steps counted from 1
+    assert first < last, "the crossing must be in an earlier chunk than the prompt's last"
+    assert pending == [False] * (first - 1) + [True] * (last - first) + [False] * (len(pending) - last + 1), pending
+    assert sched_mod.check_stop is vllms
+
+
 def test_trigger_spec_errors():
     from vllm_xmix import MIApp, XmixSpecError, deploy
 

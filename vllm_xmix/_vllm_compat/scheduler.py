@@ -2,16 +2,21 @@
 with each step's ``ModelRunnerOutput``, are kept per request until the request's next
 ``EngineCoreOutput`` and travel in its ``kv_transfer_params["xmix"]`` to the front end; and
 the scheduler's ``check_stop`` so that a probe's ``stop`` trigger ends a request where vLLM's
-own stop checks do (``runtime.triggers``)."""
+own stop checks do (``runtime.triggers``). The ``check_stop`` wrapper is installed only while a
+request of this process has a fired stop trigger that has not yet ended it: vLLM calls
+``check_stop`` per running request per step, so without a fired trigger every request runs vLLM's
+own function."""
 
 from __future__ import annotations
 
 import functools
+import weakref
 
 from vllm.sampling_params import RequestOutputKind
 
 from ..runtime.triggers import TriggerTable, stop_reason
 from ..spec import CONFIG_KEY
+from . import core
 from .core import mark
 
 #: kv_transfer_params key of a request's trigger records (front end: ``ReadResults.add_triggers``)
@@ -19,6 +24,9 @@ TRIGGERS_KEY = "xmix_triggers"
 _NO_TABLE = object()
 
 _FINAL_ONLY = RequestOutputKind.FINAL_ONLY
+#: schedulers of this process with a request whose stop trigger fired and which has not ended yet;
+#: while there is one, ``scheduler.check_stop`` is the wrapper (``patch_scheduler``)
+_STOPPING: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def _final_only(request) -> bool:
@@ -42,19 +50,36 @@ def patch_scheduler() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import RequestStatus
 
-    def wrap_check_stop(orig):
-        @functools.wraps(orig)
-        def check_stop(request, *args, **kwargs):
-            if orig(request, *args, **kwargs):
-                return True
-            reason = request.__dict__.get("_xmix_stop")
-            if reason is None:
-                return False
-            request.status = RequestStatus.FINISHED_STOPPED
-            request.stop_reason = reason
-            return True
+    orig_check_stop = getattr(sched_mod.check_stop, "__wrapped__", sched_mod.check_stop)
 
-        return check_stop
+    @functools.wraps(orig_check_stop)
+    def check_stop(request, *args, **kwargs):
+        if orig_check_stop(request, *args, **kwargs):
+            return True
+        reason = request.__dict__.get("_xmix_stop")
+        if reason is None:
+            return False
+        request.status = RequestStatus.FINISHED_STOPPED
+        request.stop_reason = reason
+        return True
+
+    check_stop.__xmix_patched__ = True
+    check_stop.__wrapped__ = orig_check_stop
+
+    def set_check_stop() -> None:
+        """vLLM's ``check_stop`` while no scheduler of this process has a request to stop, the
+        wrapper otherwise (``_update_request_with_output`` looks the name up per call)."""
+        sched_mod.check_stop = check_stop if len(_STOPPING) else orig_check_stop
+
+    def track_stops(self) -> None:
+        """Forget this scheduler's stopping requests that have ended (or left), then install or
+        remove the wrapper."""
+        ids = self.__dict__.get("_xmix_stopping")
+        if ids:
+            ids.intersection_update(self.requests)
+        if not ids:
+            _STOPPING.discard(self)
+        set_check_stop()
 
     def triggers_of(self):
         tt = self.__dict__.get("_xmix_triggers", _NO_TABLE)
@@ -84,6 +109,9 @@ def patch_scheduler() -> None:
                     d["_xmix_unsent"] = True
                 if ev[3] == "stop" and d.get("_xmix_stop") is None:
                     d["_xmix_stop"] = stop_reason(ev[0], ev[1])
+                    self.__dict__.setdefault("_xmix_stopping", set()).add(rid)
+                    _STOPPING.add(self)
+                    set_check_stop()
 
     def wrap(orig):
         @functools.wraps(orig)
@@ -101,6 +129,8 @@ def patch_scheduler() -> None:
             armed_ids = self.__dict__.get("_xmix_armed_ids")
             live = {rid: self.requests[rid] for rid in armed_ids if rid in self.requests} if armed_ids else {}
             outs = orig(self, scheduler_output, model_runner_output)
+            if self in _STOPPING:
+                track_stops(self)
             if armed_ids:
                 armed_ids.intersection_update(self.requests)  # finished or aborted ones
             if live:
@@ -133,4 +163,4 @@ def patch_scheduler() -> None:
         return update_from_output
 
     mark("Scheduler.update_from_output", Scheduler, "update_from_output", wrap)
-    mark("scheduler.check_stop", sched_mod, "check_stop", wrap_check_stop)
+    core.record("scheduler.check_stop (while a stop trigger is pending)")
