@@ -271,3 +271,34 @@ def test_write_magnitude_bound_follows_the_dtype():
     with pytest.raises(XmixSpecError, match=r"f: app 'add' op 0 .*writes up to 1\.8e\+16 stay finite here \(the "
                                             r"next RMSNorm's float32 sum of squares included\)"):
         check_write_magnitude(wide, "add", 1e30, "f")
+
+
+def test_a_selection_check_reads_the_model_config_once_per_engine():
+    """A request's selection is checked against the model's layer count, read from the Hugging
+    Face config once per engine config and not per request (a transformers config answers each
+    attribute read through Python-level overrides); the count still bounds the request."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from vllm_xmix.validation import validate_selection
+
+    reads = []
+
+    class Config:
+        def __getattribute__(self, name):
+            if name == "num_hidden_layers":
+                reads.append(name)
+                return 4
+            return object.__getattribute__(self, name)
+
+    a = MIApp("add")
+    a.write("add", vector=unit_rms(2), scale=1.0).layers("all")
+    vc = NS(additional_config=deploy(a), model_config=NS(dtype=torch.float32, hf_config=Config()))
+    wire, _ = validate_selection(vc, [{"name": "add", "layers": [3]}])
+    assert [x["name"] for x in wire["apps"]] == ["add"] and len(reads) == 1
+    for _ in range(3):
+        validate_selection(vc, [{"name": "add"}])
+    assert len(reads) == 1
+    with pytest.raises(XmixSpecError, match=r"mi_apps\[0\]\.layers: layer 4 .* \(deployed: \[0, 1, 2, 3\]\)"):
+        validate_selection(vc, [{"name": "add", "layers": [4]}])

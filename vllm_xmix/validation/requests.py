@@ -19,6 +19,7 @@ from ..spec import (CONFIG_KEY, XmixSpecError, check_request_against_deployment,
 #: taken to be at most this in size when checking that a scale c keeps the write in the dtype
 PROJ_SPAN = 64.0
 _DEP_CACHE: dict[int, tuple] = {}
+_LAYERS_CACHE: dict[int, tuple] = {}
 
 
 #: what a cache salt for prompt reads holds before its per-request part (uuid4): a request
@@ -40,6 +41,18 @@ def _deployment_info(vllm_config):
     info = measure_deployment(vllm_config, dep)
     _DEP_CACHE[key] = (vllm_config, *info, {})
     return info
+
+
+def _n_layers(vllm_config) -> int:
+    """The model's decoder layers (``num_hidden_layers`` of its text config), read once per
+    engine config: a transformers config answers attribute reads through Python-level
+    ``__getattribute__`` overrides, a few dozen calls per read."""
+    hit = _LAYERS_CACHE.get(id(vllm_config))
+    if hit is not None and hit[0] is vllm_config:
+        return hit[1]
+    n = int(text_config(vllm_config.model_config.hf_config).num_hidden_layers)
+    _LAYERS_CACHE[id(vllm_config)] = (vllm_config, n)
+    return n
 
 
 def measure_deployment(vllm_config, dep):
@@ -182,7 +195,7 @@ def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
             f"{field}: app(s) {[a.name for a in apps]} requested but no apps are deployed on this "
             "engine (start it with additional_config={'xmix': ...}, see vllm_xmix.deploy)"
         )
-    n_layers = text_config(vllm_config.model_config.hf_config).num_hidden_layers
+    n_layers = _n_layers(vllm_config)
     check_request_against_deployment(apps, dep, n_layers, field=field, hashes=hashes)
     for i, ra in enumerate(apps):
         if ra.scale != 0.0:  # (None: the deployed scales)
