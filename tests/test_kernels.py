@@ -709,6 +709,34 @@ def test_norm_triton_matches_reference_interpreter():
     run_interpreted("_norm_triton_check")
 
 
+def test_plain_norm_on_cpu_is_vllms_compiled_kernel():
+    """A hosted norm with nothing to write (apps off) is vLLM's own fused add + RMSNorm: on a CPU
+    build that has the compiled kernel, that kernel (the same bits), not the native formula of
+    five unfused torch ops (a different rounding here), which Inductor would have fused in plain
+    vLLM; both within float32 rounding of the definition."""
+    import vllm._custom_ops  # noqa: F401
+    from vllm import ir
+
+    from vllm_xmix.ops import plain_add_rms_norm
+
+    if not torch.ops._C.fused_add_rms_norm.default.has_kernel_for_dispatch_key("CPU"):
+        pytest.skip("this vLLM build has no CPU kernel for fused_add_rms_norm")
+    g = torch.Generator().manual_seed(3)
+    x, r = torch.randn(33, 256, generator=g), torch.randn(33, 256, generator=g)
+    w = 1 + 0.1 * torch.randn(256, generator=g)
+    ours, ours_r = x.clone(), r.clone()
+    plain_add_rms_norm(ours, ours_r, w, 1e-5)
+    kx, kr = x.clone(), r.clone()
+    torch.ops._C.fused_add_rms_norm(kx, kr, w, 1e-5)
+    nx, nr = ir.ops.fused_add_rms_norm.impls["native"].impl_fn(x.clone(), r.clone(), w, 1e-5)
+    assert not torch.equal(kx, nx), "inputs where the two implementations round differently"
+    assert torch.equal(ours, kx) and torch.equal(ours_r, kr)
+    s = x.double() + r.double()
+    want = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    torch.testing.assert_close(ours.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours_r, x + r)
+
+
 def _norm_cond_inputs(device, dtype, seed=4):
     """A site with two unconditional adds applied first (``pre``) and conditional writes of every
     condition kind (make_cond_state), before the norm."""

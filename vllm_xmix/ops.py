@@ -163,10 +163,19 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     plain_add_rms_norm(x, residual, weight, eps)
 
 
+#: whether CPU tensors go to ``_C.fused_add_rms_norm`` (None: not yet looked up)
+_CPU_C_NORM: bool | None = None
+
+
 def plain_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    """vLLM's fused residual add + RMSNorm, in place: its CUDA kernel on CUDA tensors, its
-    native (torch) implementation elsewhere."""
-    if x.is_cuda:
+    """vLLM's fused residual add + RMSNorm, in place (``residual += x``, then ``x`` = the
+    normalized sum): its compiled kernel (``torch.ops._C.fused_add_rms_norm``) on CUDA tensors
+    and on CPU builds that have it (vLLM's CPU wheels do), its native (torch) implementation
+    elsewhere (five unfused torch ops and two copies: several times the host time)."""
+    global _CPU_C_NORM
+    if not x.is_cuda and _CPU_C_NORM is None:
+        _CPU_C_NORM = _has_cpu_c_norm()
+    if x.is_cuda or _CPU_C_NORM:
         torch.ops._C.fused_add_rms_norm(x, residual, weight, eps)
         return
     from vllm import ir
@@ -174,6 +183,17 @@ def plain_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     out, res = ir.ops.fused_add_rms_norm.impls["native"].impl_fn(x, residual, weight, eps)
     residual.copy_(res)
     x.copy_(out)
+
+
+def _has_cpu_c_norm() -> bool:
+    """Whether this vLLM build registers ``_C.fused_add_rms_norm`` with a CPU kernel."""
+    try:
+        import vllm._custom_ops  # noqa: F401  (loads the ``_C`` extension)
+
+        op = torch.ops._C.fused_add_rms_norm
+        return op.default.has_kernel_for_dispatch_key("CPU")
+    except Exception:
+        return False
 
 
 def hook_norm_fake(x, residual, weight, eps) -> None:
