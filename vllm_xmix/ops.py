@@ -107,7 +107,8 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     (the other half of the stream) and ``residual`` [T, d_model], same dtype, both mutated to the
     norm's outputs (``x`` <- RMSNorm(x + residual) * ``weight`` [d_model], ``residual`` <- the
     stream after the sites' writes); ``eps``: the norm's epsilon. No site of the step's variant
-    on: vLLM's kernel (``torch.ops._C.fused_add_rms_norm`` on CUDA, the native IR op elsewhere).
+    on: vLLM's norm (:func:`plain_add_rms_norm`: its compiled kernel on CUDA and on CPU builds
+    that have one).
     Sites on (on CUDA): one kernel applies their writes in order, conditional ones included (the
     gates evaluated inline), and the norm (``add_rms_norm_triton``), then the reads of the last
     site on (on the stream as the kernel rounded it, ``residual``); when the first of two sites
