@@ -98,3 +98,25 @@ def test_norm_call_times_a_norm_that_hosts_sites():
 
     r = norm_call(tokens=4, calls=200, repeats=1)
     assert r["hosted_us"][0] > 0 and r["direct_us"][0] > 0, r
+
+
+@pytest.mark.one_version
+def test_saturation_runs_each_engine_in_its_own_process_and_reports_its_health(tmp_path):
+    """`profile saturation`: plain vLLM without the plugin and the benchmark deployment, each in
+    its own process, every request still decoding in the timed steps; the interpreter's speed,
+    the threads' CPU time and a profile per engine come back; an unknown engine is refused."""
+    from benchmarks.xmix_bench import common
+    from benchmarks.xmix_bench.saturation import report, saturation
+
+    model = common.write_model_config(str(tmp_path / "m"), layers=4)
+    r = saturation(model, ["plain", "xmix@VLLM_XMIX_GRAPH_VARIANTS=0"], requests=6, warm_steps=3, steps=3,
+                   max_model_len=512, eager=True, prof_dir=str(tmp_path / "prof"), json_out=str(tmp_path / "s.json"))
+    plain, xmix = r["engines"]["plain"], r["engines"]["xmix@VLLM_XMIX_GRAPH_VARIANTS=0"]
+    assert (plain["plugin_loaded"], xmix["plugin_loaded"]) == (False, True)
+    for e in (plain, xmix):
+        assert e["running"] == 6 and e["ms_per_step"] > 0 and e["profiled_ms_per_step"] > 0, e
+        assert os.path.getsize(e["profile"]) > 0 and sum(e["thread_cpu_s"].values()) > 0, e
+        assert all(e["health"][k]["pyloop_ns"] > 0 for k in ("before_engine", "after_engine", "after_steps"))
+    assert "xmix@VLLM_XMIX_GRAPH_VARIANTS=0" in report(r) and (tmp_path / "s.json").exists()
+    with pytest.raises(SystemExit, match="unknown engine 'fast'"):
+        saturation(model, ["fast"], 1, 1, 1, 512, True, None, None)

@@ -49,6 +49,11 @@ Actions:
   a request's first token comes from) and per decode step, and the functions whose *self* time
   per step grew most against the plain engine (generated Inductor code counted as one
   function). Compute is CPU compute here, so only which functions run carries over to a GPU.
+* ``saturation``: per engine (plain vLLM, the plugin with nothing deployed, the benchmark
+  deployment with no app on, optionally with an environment setting), in its own process, ms
+  per decode step with ``--requests`` requests in flight, and the host's health around it: the
+  interpreter's speed, each thread's CPU seconds, the garbage collector, trace hooks
+  (:mod:`.saturation`).
 
 The trace summaries are small; the traces themselves (hundreds of MB for a serving run) stay on
 the machine that made them.
@@ -138,6 +143,20 @@ def add_arguments(p) -> None:
                         "other step")
     v.add_argument("--json", help="write both engines' per-config results here")
     v.add_argument("--_engine", help=argparse.SUPPRESS)  # internal: one engine of vs-plain
+    sa = sub.add_parser("saturation", help="ms per decode step with many requests in flight, and the host's health "
+                                           "(interpreter speed, thread CPU) per engine (saturation.py)")
+    sa.add_argument("--model", default="benchmarks/models/llama31_8b", help="model config folder")
+    sa.add_argument("--engines", default="plain,xmix",
+                    help="comma-separated: plain, empty, xmix, or ENGINE@NAME=VALUE (one more environment setting)")
+    sa.add_argument("--requests", type=int, default=900, help="requests decoding (above 512: no CUDA graphs)")
+    sa.add_argument("--warm-steps", type=int, default=60, help="steps before the timed ones (the prompts' prefill)")
+    sa.add_argument("--steps", type=int, default=30, help="decode steps timed (and profiled, with --prof-dir)")
+    sa.add_argument("--max-model-len", type=int, default=2048)
+    sa.add_argument("--eager", action="store_true", help="enforce_eager (no compile, no CUDA graphs)")
+    sa.add_argument("--prof-dir", help="also cProfile as many steps again, one .prof file per engine here")
+    sa.add_argument("--json", help="write the result here")
+    sa.add_argument("--prof-out", help=argparse.SUPPRESS)  # internal: one engine's profile
+    sa.add_argument("--_engine", help=argparse.SUPPRESS)  # internal: one engine
 
 
 def main(args) -> int:
@@ -187,6 +206,18 @@ def main(args) -> int:
         if args.json:
             common.write_json(args.json, r)
         print(report(r))
+        return 0
+    if args.action == "saturation":
+        from . import saturation as sat
+
+        if args._engine:
+            r = sat.engine(args._engine, args.model, args.requests, args.warm_steps, args.steps, args.max_model_len,
+                           args.eager, args.prof_out)
+            print(sat.MARK + json.dumps(r))
+            return 0
+        r = sat.saturation(args.model, args.engines.split(","), args.requests, args.warm_steps, args.steps,
+                           args.max_model_len, args.eager, args.prof_dir, args.json)
+        print(sat.report(r))
         return 0
     # CPU engines: in-process (cProfile sees the worker) and a small KV cache
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -1,0 +1,189 @@
+"""profile saturation: one in-process engine per process with many requests decoding (steps
+above the largest CUDA graph when there are more than 512), its ms per decode step, and the
+host's health around it: how fast the interpreter runs a plain Python call loop before the
+engine is built, after, and after the measured steps; the CPU seconds of each thread of the
+process during the measured steps; the garbage collector's state; trace / profile hooks and
+Dynamo's frame callback; the CPU affinity. Optionally a cProfile of further steps (``--prof-dir``).
+
+Why: with apps deployed and none on, host work per step at saturation was measured about twice
+plain vLLM's on the H200 (in-process, 900-1000 requests decoding) while the Python calls per step
+were the same (+0.1%) and every function, vLLM's scheduler included, took ~15% longer per call
+under cProfile: a slower process, not more work. The per-thread CPU and the interpreter's speed
+say whether another thread competes with the engine's, or the whole process runs slower.
+
+Engines (``--engines``, comma-separated): ``plain`` (vLLM without the plugin, ``VLLM_PLUGINS=""``),
+``empty`` (the plugin loaded, nothing deployed), ``xmix`` (the benchmark deployment, no app on);
+``xmix@NAME=VALUE`` runs that engine with one more environment setting (e.g.
+``xmix@VLLM_XMIX_GRAPH_VARIANTS=0``)."""
+
+from __future__ import annotations
+
+import cProfile
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from . import common
+
+MARK = "XMIX_SAT "
+
+
+def pyloop_ns(n: int = 300_000) -> float:
+    """Nanoseconds per call of a one-line Python function, in a loop of ``n``: how fast this
+    process's interpreter runs (the same machine gives the same number, whatever is loaded)."""
+    def f(a):
+        return a + 1
+
+    t = time.perf_counter()
+    x = 0
+    for _ in range(n):
+        x = f(x)
+    return (time.perf_counter() - t) / n * 1e9
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of this process, ``"tid:name"`` -> s (Linux
+    ``/proc/self/task``; empty elsewhere)."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                name = fh.read().strip()
+        except OSError:
+            continue
+        out[f"{tid}:{name}"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def host_health() -> dict:
+    """The interpreter's speed and the process-wide settings that slow every Python call."""
+    import torch
+
+    try:
+        cb = repr(torch._C._dynamo.eval_frame.get_eval_frame_callback())
+    except Exception as e:  # not in every torch build
+        cb = f"unknown ({type(e).__name__})"
+    mon = getattr(sys, "monitoring", None)
+    tools = [i for i in range(6) if mon is not None and mon.get_tool(i)] if mon is not None else []
+    return {"pyloop_ns": round(pyloop_ns(), 2), "trace": repr(sys.gettrace()), "profile": repr(sys.getprofile()),
+            "monitoring_tools": tools, "gc_enabled": gc.isenabled(), "gc_threshold": list(gc.get_threshold()),
+            "gc_count": list(gc.get_count()), "gc_frozen": gc.get_freeze_count(), "gc_tracked": len(gc.get_objects()),
+            "grad_enabled": torch.is_grad_enabled(), "switch_interval_s": sys.getswitchinterval(),
+            "eval_frame_callback": cb, "threads": sorted(t.name for t in threading.enumerate()),
+            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+
+
+def engine(kind: str, model: str, requests: int, warm_steps: int, steps: int, max_model_len: int, eager: bool,
+           prof_out: str | None) -> dict:
+    """One engine (``kind``: plain, empty or xmix; the caller sets ``VLLM_PLUGINS`` for plain),
+    ``requests`` requests of 20-199 random prompt tokens decoding 400 tokens each; ``warm_steps``
+    steps first (the prompts' prefill), then ``steps`` decode steps timed without a profiler
+    (ms per step, thread CPU seconds), then, with ``prof_out``, as many again under cProfile."""
+    import numpy as np
+    import torch
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process: its threads are ours
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    res = {"engine": kind, "health": {"before_engine": host_health()}}
+    apps = common.serving_apps(common.load_config(model)) if kind == "xmix" else []
+    dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+    llm, startup = common.make_llm(model, apps=apps, fused_writes="auto", dtype=dtype, max_model_len=max_model_len,
+                                   eager=eager)
+    res["startup_s"] = round(startup, 1)
+    res["plugin_loaded"] = "vllm_xmix" in sys.modules
+    res["info"] = common.engine_info(llm)
+    res["health"]["after_engine"] = host_health()
+    eng = llm.llm_engine
+    sp = common.sampling(None, temperature=0, max_tokens=400, ignore_eos=True)
+    rng = np.random.default_rng(0)
+    for k in range(requests):
+        p = rng.integers(10, 1000, int(rng.integers(20, 200))).tolist()
+        eng.add_request(f"r{k}", {"prompt_token_ids": p}, sp)
+    for _ in range(warm_steps):
+        eng.step()
+    c0, t = thread_cpu_s(), time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    wall = time.perf_counter() - t
+    c1 = thread_cpu_s()
+    res["ms_per_step"] = round(wall / steps * 1e3, 3)
+    res["running"] = eng.get_num_unfinished_requests()
+    res["thread_cpu_s"] = {k: round(v - c0.get(k, 0.0), 4) for k, v in sorted(c1.items(), key=lambda kv: -kv[1])
+                           if v - c0.get(k, 0.0) > 0}
+    res["health"]["after_steps"] = host_health()
+    if prof_out:
+        prof = cProfile.Profile()
+        t = time.perf_counter()
+        prof.enable()
+        for _ in range(steps):
+            eng.step()
+        prof.disable()
+        res["profiled_ms_per_step"] = round((time.perf_counter() - t) / steps * 1e3, 3)
+        prof.dump_stats(prof_out)
+        res["profile"] = prof_out
+    return res
+
+
+def saturation(model: str, engines: list[str], requests: int, warm_steps: int, steps: int, max_model_len: int,
+               eager: bool, prof_dir: str | None, json_out: str | None) -> dict:
+    """Each engine of ``engines`` (see the module docstring) in its own process, one after the
+    other; returns and writes ``{"engines": {spec: result}, ...}``."""
+    out = {"model": model, "requests": requests, "warm_steps": warm_steps, "steps": steps, "engines": {},
+           "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
+    for spec in engines:
+        kind, _, setting = spec.partition("@")
+        if kind not in ("plain", "empty", "xmix"):
+            raise SystemExit(f"profile saturation: unknown engine {spec!r} (plain, empty, xmix[@NAME=VALUE])")
+        env = dict(os.environ)
+        if kind == "plain":
+            env["VLLM_PLUGINS"] = ""
+        if setting:
+            name, eq, value = setting.partition("=")
+            if not eq:
+                raise SystemExit(f"profile saturation: {spec!r}: expected ENGINE@NAME=VALUE")
+            env[name] = value
+        cmd = common.TOOL + ["profile", "saturation", "--_engine", kind, "--model", model, "--requests", str(requests),
+                             "--warm-steps", str(warm_steps), "--steps", str(steps),
+                             "--max-model-len", str(max_model_len)]
+        if eager:
+            cmd.append("--eager")
+        if prof_dir:
+            os.makedirs(prof_dir, exist_ok=True)
+            cmd += ["--prof-out", os.path.join(prof_dir, spec.replace("@", "_").replace("=", "-") + ".prof")]
+        p = subprocess.run(cmd, env=env, cwd=common.REPO, capture_output=True, text=True)
+        line = [x for x in p.stdout.splitlines() if x.startswith(MARK)]
+        if p.returncode or not line:
+            sys.stderr.write(p.stderr[-4000:])
+            raise SystemExit(f"profile saturation: engine {spec} failed (rc {p.returncode})")
+        out["engines"][spec] = json.loads(line[-1][len(MARK):])
+    if json_out:
+        common.write_json(json_out, out)
+    return out
+
+
+def report(r: dict) -> str:
+    """One line per engine: ms per decode step, the interpreter's speed, the busiest threads."""
+    lines = [f"{r['model']}: {r['requests']} requests, {r['steps']} decode steps timed after {r['warm_steps']}"]
+    for spec, e in r["engines"].items():
+        h = e["health"]
+        busy = ", ".join(f"{k} {v:.2f}" for k, v in list(e["thread_cpu_s"].items())[:4])
+        prof = f"; under cProfile {e['profiled_ms_per_step']:.2f}" if "profiled_ms_per_step" in e else ""
+        lines.append(f"  {spec:28s} {e['ms_per_step']:8.2f} ms/step{prof} (running {e['running']}); Python call "
+                     f"{h['before_engine']['pyloop_ns']:.1f} / {h['after_engine']['pyloop_ns']:.1f} / "
+                     f"{h['after_steps']['pyloop_ns']:.1f} ns (before / after the engine / after the steps); "
+                     f"thread CPU s: {busy}; threads {h['after_steps']['threads']}; "
+                     f"gc tracked {h['after_steps']['gc_tracked']}, frozen {h['after_steps']['gc_frozen']}; "
+                     f"trace {h['after_steps']['trace']}, profile {h['after_steps']['profile']}, "
+                     f"frame callback {h['after_steps']['eval_frame_callback']}")
+    return "\n".join(lines)
