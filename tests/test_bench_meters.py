@@ -111,12 +111,13 @@ def test_saturation_runs_each_engine_in_its_own_process_and_reports_its_health(t
     model = common.write_model_config(str(tmp_path / "m"), layers=4)
     r = saturation(model, ["plain", "xmix@VLLM_XMIX_GRAPH_VARIANTS=0"], requests=6, warm_steps=3, steps=3,
                    max_model_len=512, eager=True, prof_dir=str(tmp_path / "prof"), json_out=str(tmp_path / "s.json"))
-    plain, xmix = r["engines"]["plain"], r["engines"]["xmix@VLLM_XMIX_GRAPH_VARIANTS=0"]
+    (plain,), (xmix,) = r["engines"]["plain"], r["engines"]["xmix@VLLM_XMIX_GRAPH_VARIANTS=0"]
     assert (plain["plugin_loaded"], xmix["plugin_loaded"]) == (False, True)
     for e in (plain, xmix):
         assert e["running"] == 6 and e["ms_per_step"] > 0 and e["profiled_ms_per_step"] > 0, e
         assert os.path.getsize(e["profile"]) > 0 and min(e["thread_cpu_s"].values()) >= 0, e
         assert any(k.endswith(":MainThread") for k in e["thread_cpu_s"]), e["thread_cpu_s"]  # Python names
+        assert 0 < e["main_thread_on_cpu"] <= 1.01 and e["sched"]["nonvoluntary_ctxt_switches"] >= 0, e
         assert all(e["health"][k]["pyloop_ns"] > 0 for k in ("before_engine", "after_engine", "after_steps"))
     assert "xmix@VLLM_XMIX_GRAPH_VARIANTS=0" in report(r) and (tmp_path / "s.json").exists()
     with pytest.raises(SystemExit, match="unknown engine 'fast'"):

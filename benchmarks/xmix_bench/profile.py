@@ -154,6 +154,7 @@ def add_arguments(p) -> None:
     sa.add_argument("--max-model-len", type=int, default=2048)
     sa.add_argument("--eager", action="store_true", help="enforce_eager (no compile, no CUDA graphs)")
     sa.add_argument("--prof-dir", help="also cProfile as many steps again, one .prof file per engine here")
+    sa.add_argument("--rounds", type=int, default=1, help="the engines this many times, every second round reversed")
     sa.add_argument("--json", help="write the result here")
     sa.add_argument("--prof-out", help=argparse.SUPPRESS)  # internal: one engine's profile
     sa.add_argument("--_engine", help=argparse.SUPPRESS)  # internal: one engine
@@ -216,7 +217,7 @@ def main(args) -> int:
             print(sat.MARK + json.dumps(r))
             return 0
         r = sat.saturation(args.model, args.engines.split(","), args.requests, args.warm_steps, args.steps,
-                           args.max_model_len, args.eager, args.prof_dir, args.json)
+                           args.max_model_len, args.eager, args.prof_dir, args.json, args.rounds)
         print(sat.report(r))
         return 0
     # CPU engines: in-process (cProfile sees the worker) and a small KV cache

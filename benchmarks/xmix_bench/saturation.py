@@ -3,7 +3,10 @@ above the largest CUDA graph when there are more than 512), its ms per decode st
 host's health around it: how fast the interpreter runs a plain Python call loop before the
 engine is built, after, and after the measured steps; the CPU seconds of each thread of the
 process during the measured steps; the garbage collector's state; trace / profile hooks and
-Dynamo's frame callback; the CPU affinity. Optionally a cProfile of further steps (``--prof-dir``).
+Dynamo's frame callback; the CPU affinity; the share of the timed wall time the engine's thread
+was on a CPU, its involuntary context switches and the cgroup's CPU throttling. Optionally a
+cProfile of further steps (``--prof-dir``), and several rounds (``--rounds``, every second one in
+reverse order).
 
 Why: with apps deployed and none on, host work per step at saturation was measured about twice
 plain vLLM's on the H200 (in-process, 900-1000 requests decoding) while the Python calls per step
@@ -68,6 +71,32 @@ def thread_cpu_s() -> dict[str, float]:
     return out
 
 
+def sched_counters() -> dict[str, float]:
+    """The scheduler's view of this process: the main thread's voluntary and involuntary context
+    switches (``/proc/self/task/<tid>/status``) and the cgroup's CPU throttling (``cpu.stat``:
+    periods throttled, microseconds throttled; cgroup v2, else v1); absent where unreadable."""
+    out: dict[str, float] = {}
+    try:
+        with open(f"/proc/self/task/{threading.main_thread().native_id}/status") as fh:
+            for line in fh:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    k, v = line.split(":")
+                    out[k.strip()] = float(v)
+    except (OSError, TypeError):
+        pass
+    for path in ("/sys/fs/cgroup/cpu.stat", "/sys/fs/cgroup/cpu/cpu.stat", "/sys/fs/cgroup/cpu,cpuacct/cpu.stat"):
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    k, v = line.split()
+                    if k in ("nr_throttled", "throttled_usec", "throttled_time"):
+                        out["cgroup_" + k] = float(v)
+            break
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def host_health() -> dict:
     """The interpreter's speed and the process-wide settings that slow every Python call."""
     import torch
@@ -114,12 +143,16 @@ def engine(kind: str, model: str, requests: int, warm_steps: int, steps: int, ma
         eng.add_request(f"r{k}", {"prompt_token_ids": p}, sp)
     for _ in range(warm_steps):
         eng.step()
-    c0, t = thread_cpu_s(), time.perf_counter()
+    c0, s0, own0, t = thread_cpu_s(), sched_counters(), time.thread_time(), time.perf_counter()
     for _ in range(steps):
         eng.step()
     wall = time.perf_counter() - t
-    c1 = thread_cpu_s()
+    own, c1, s1 = time.thread_time() - own0, thread_cpu_s(), sched_counters()
     res["ms_per_step"] = round(wall / steps * 1e3, 3)
+    # the share of the timed wall time the engine's thread (this one) was on a CPU (below 1: it
+    # waited, or was descheduled; the involuntary switches and the cgroup's throttling say which)
+    res["main_thread_on_cpu"] = round(own / wall, 3)
+    res["sched"] = {k: s1[k] - s0.get(k, 0.0) for k in s1}
     res["running"] = eng.get_num_unfinished_requests()
     res["thread_cpu_s"] = dict(sorted(((k, round(v - c0.get(k, 0.0), 4)) for k, v in c1.items()),
                                       key=lambda kv: -kv[1]))  # every thread, busiest first (10 ms ticks)
@@ -138,12 +171,16 @@ def engine(kind: str, model: str, requests: int, warm_steps: int, steps: int, ma
 
 
 def saturation(model: str, engines: list[str], requests: int, warm_steps: int, steps: int, max_model_len: int,
-               eager: bool, prof_dir: str | None, json_out: str | None) -> dict:
+               eager: bool, prof_dir: str | None, json_out: str | None, rounds: int = 1) -> dict:
     """Each engine of ``engines`` (see the module docstring) in its own process, one after the
-    other; returns and writes ``{"engines": {spec: result}, ...}``."""
-    out = {"model": model, "requests": requests, "warm_steps": warm_steps, "steps": steps, "engines": {},
+    other, ``rounds`` times (every second round in reverse order, so that no engine always runs
+    first: the host's speed drifts between processes); returns and writes ``{"engines": {spec:
+    [result per round]}, ...}``."""
+    out = {"model": model, "requests": requests, "warm_steps": warm_steps, "steps": steps, "rounds": rounds,
+           "engines": {spec: [] for spec in engines},
            "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
-    for spec in engines:
+    order = [(r, spec) for r in range(rounds) for spec in (engines if r % 2 == 0 else engines[::-1])]
+    for r, spec in order:
         kind, _, setting = spec.partition("@")
         if kind not in ("plain", "empty", "xmix"):
             raise SystemExit(f"profile saturation: unknown engine {spec!r} (plain, empty, xmix[@NAME=VALUE])")
@@ -162,13 +199,14 @@ def saturation(model: str, engines: list[str], requests: int, warm_steps: int, s
             cmd.append("--eager")
         if prof_dir:
             os.makedirs(prof_dir, exist_ok=True)
-            cmd += ["--prof-out", os.path.join(prof_dir, spec.replace("@", "_").replace("=", "-") + ".prof")]
+            name = spec.replace("@", "_").replace("=", "-") + (f"_r{r}" if rounds > 1 else "")
+            cmd += ["--prof-out", os.path.join(prof_dir, name + ".prof")]
         p = subprocess.run(cmd, env=env, cwd=common.REPO, capture_output=True, text=True)
         line = [x for x in p.stdout.splitlines() if x.startswith(MARK)]
         if p.returncode or not line:
             sys.stderr.write(p.stderr[-4000:])
             raise SystemExit(f"profile saturation: engine {spec} failed (rc {p.returncode})")
-        out["engines"][spec] = json.loads(line[-1][len(MARK):])
+        out["engines"][spec].append(json.loads(line[-1][len(MARK):]))
     if json_out:
         common.write_json(json_out, out)
     return out
@@ -177,11 +215,13 @@ def saturation(model: str, engines: list[str], requests: int, warm_steps: int, s
 def report(r: dict) -> str:
     """One line per engine: ms per decode step, the interpreter's speed, the busiest threads."""
     lines = [f"{r['model']}: {r['requests']} requests, {r['steps']} decode steps timed after {r['warm_steps']}"]
-    for spec, e in r["engines"].items():
+    for spec, e in ((spec, e) for spec, runs in r["engines"].items() for e in runs):
         h = e["health"]
         busy = ", ".join(f"{k} {v:.2f}" for k, v in list(e["thread_cpu_s"].items())[:4])
         prof = f"; under cProfile {e['profiled_ms_per_step']:.2f}" if "profiled_ms_per_step" in e else ""
-        lines.append(f"  {spec:28s} {e['ms_per_step']:8.2f} ms/step{prof} (running {e['running']}); Python call "
+        sched = ", ".join(f"{k} {v:g}" for k, v in e.get("sched", {}).items())
+        lines.append(f"  {spec:28s} {e['ms_per_step']:8.2f} ms/step{prof} (running {e['running']}); engine thread "
+                     f"on a CPU {e.get('main_thread_on_cpu', float('nan')):.0%} of the time ({sched}); Python call "
                      f"{h['before_engine']['pyloop_ns']:.1f} / {h['after_engine']['pyloop_ns']:.1f} / "
                      f"{h['after_steps']['pyloop_ns']:.1f} ns (before / after the engine / after the steps); "
                      f"thread CPU s: {busy}; threads {h['after_steps']['threads']}; "
