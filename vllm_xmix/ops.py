@@ -174,9 +174,12 @@ def plain_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     and on CPU builds that have it (vLLM's CPU wheels do), its native (torch) implementation
     elsewhere (five unfused torch ops and two copies: several times the host time)."""
     global _CPU_C_NORM
-    if not x.is_cuda and _CPU_C_NORM is None:
+    if x.is_cuda:
+        torch.ops._C.fused_add_rms_norm(x, residual, weight, eps)
+        return
+    if _CPU_C_NORM is None:
         _CPU_C_NORM = _has_cpu_c_norm()
-    if x.is_cuda or _CPU_C_NORM:
+    if _CPU_C_NORM:
         torch.ops._C.fused_add_rms_norm(x, residual, weight, eps)
         return
     from vllm import ir

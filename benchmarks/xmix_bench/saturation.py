@@ -106,7 +106,7 @@ def host_health() -> dict:
     except Exception as e:  # not in every torch build
         cb = f"unknown ({type(e).__name__})"
     mon = getattr(sys, "monitoring", None)
-    tools = [i for i in range(6) if mon is not None and mon.get_tool(i)] if mon is not None else []
+    tools = [i for i in range(6) if mon.get_tool(i)] if mon is not None else []  # sys.monitoring: 3.12+
     return {"pyloop_ns": round(pyloop_ns(), 2), "trace": repr(sys.gettrace()), "profile": repr(sys.getprofile()),
             "monitoring_tools": tools, "gc_enabled": gc.isenabled(), "gc_threshold": list(gc.get_threshold()),
             "gc_count": list(gc.get_count()), "gc_frozen": gc.get_freeze_count(), "gc_tracked": len(gc.get_objects()),
