@@ -104,13 +104,18 @@ def test_norm_call_times_a_norm_that_hosts_sites():
 def test_saturation_runs_each_engine_in_its_own_process_and_reports_its_health(tmp_path):
     """`profile saturation`: plain vLLM without the plugin and the benchmark deployment, each in
     its own process, every request still decoding in the timed steps; the interpreter's speed,
-    the threads' CPU time and a profile per engine come back; an unknown engine is refused."""
+    the threads' CPU time, each step's time, the host's busy cores and a profile per engine come
+    back; an engine that fails is reported without losing the others; an unknown engine is refused."""
     from benchmarks.xmix_bench import common
     from benchmarks.xmix_bench.saturation import report, saturation
 
     model = common.write_model_config(str(tmp_path / "m"), layers=4)
-    r = saturation(model, ["plain", "xmix@VLLM_XMIX_GRAPH_VARIANTS=0"], requests=6, warm_steps=3, steps=3,
+    broken = "plain@PYTHONHASHSEED=bogus"  # the interpreter refuses to start: an engine that fails
+    with pytest.raises(SystemExit, match="engine.s. plain@PYTHONHASHSEED=bogus failed"):
+        saturation(model, ["plain", broken, "xmix@VLLM_XMIX_GRAPH_VARIANTS=0"], requests=6, warm_steps=3, steps=3,
                    max_model_len=512, eager=True, prof_dir=str(tmp_path / "prof"), json_out=str(tmp_path / "s.json"))
+    r = common.read_json(str(tmp_path / "s.json"))  # the failure lost neither the engine before it nor after
+    assert "PYTHONHASHSEED" in r["engines"][broken][0]["stderr"] and "failed" in report(r), r["engines"][broken]
     (plain,), (xmix,) = r["engines"]["plain"], r["engines"]["xmix@VLLM_XMIX_GRAPH_VARIANTS=0"]
     assert (plain["plugin_loaded"], xmix["plugin_loaded"]) == (False, True)
     for e in (plain, xmix):
@@ -119,6 +124,8 @@ def test_saturation_runs_each_engine_in_its_own_process_and_reports_its_health(t
         assert any(k.endswith(":MainThread") for k in e["thread_cpu_s"]), e["thread_cpu_s"]  # Python names
         assert 0 < e["main_thread_on_cpu"] <= 1.01 and e["sched"]["nonvoluntary_ctxt_switches"] >= 0, e
         assert all(e["health"][k]["pyloop_ns"] > 0 for k in ("before_engine", "after_engine", "after_steps"))
+        assert len(e["step_ms"]) == 3 and min(e["step_ms"]) > 0, e["step_ms"]
+        assert e["host"]["host_busy_cores"] > 0 and e["host"]["cpu"] >= 0, e["host"]  # the machine around it
     assert "xmix@VLLM_XMIX_GRAPH_VARIANTS=0" in report(r) and (tmp_path / "s.json").exists()
     with pytest.raises(SystemExit, match="unknown engine 'fast'"):
         saturation(model, ["fast"], 1, 1, 1, 512, True, None, None)

@@ -97,6 +97,64 @@ def sched_counters() -> dict[str, float]:
     return out
 
 
+def host_cpu() -> dict:
+    """The machine around this process: busy CPU seconds of the whole host (``/proc/stat``, every
+    core, all but idle and iowait), each other process's CPU seconds (``/proc/<pid>/stat``, user +
+    system, ``"pid:comm"`` -> s), the CPU this thread last ran on and that CPU's current clock
+    (``/proc/cpuinfo``, MHz; absent where the file has none). Linux only; empty elsewhere."""
+    out: dict = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        with open("/proc/stat") as fh:
+            f = [int(x) for x in fh.readline().split()[1:]]
+        out["host_busy_s"] = (sum(f) - f[3] - (f[4] if len(f) > 4 else 0)) / tick
+    except (OSError, ValueError, IndexError):
+        return out
+    procs = {}
+    me = os.getpid()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                head, rest = fh.read().rsplit(")", 1)
+            fields = rest.split()
+            procs[f"{pid}:{head.split('(', 1)[1]}"] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, ValueError, IndexError):
+            continue
+    out["procs"] = procs
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/stat") as fh:
+            cpu = int(fh.read().rsplit(")", 1)[1].split()[36])
+        out["cpu"] = cpu
+        with open("/proc/cpuinfo") as fh:
+            blocks = fh.read().split("\n\n")
+        for b in blocks:
+            kv = dict(line.split(":", 1) for line in b.splitlines() if ":" in line)
+            kv = {k.strip(): v.strip() for k, v in kv.items()}
+            if kv.get("processor") == str(cpu) and "cpu MHz" in kv:
+                out["cpu_mhz"] = float(kv["cpu MHz"])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def cpu_delta(a: dict, b: dict, wall: float) -> dict:
+    """What :func:`host_cpu` readings ``a`` then ``b``, ``wall`` seconds apart, say: the host's
+    busy cores on average, the five other processes that took the most CPU seconds, this thread's
+    CPU and clock at the end."""
+    out: dict = {}
+    if "host_busy_s" in a and "host_busy_s" in b and wall > 0:
+        out["host_busy_cores"] = round((b["host_busy_s"] - a["host_busy_s"]) / wall, 2)
+    pa, pb = a.get("procs", {}), b.get("procs", {})
+    d = sorted(((k, v - pa.get(k, 0.0)) for k, v in pb.items()), key=lambda kv: -kv[1])
+    out["other_procs_cpu_s"] = {k: round(v, 2) for k, v in d[:5] if v > 0}
+    for k in ("cpu", "cpu_mhz"):
+        if k in b:
+            out[k] = b[k]
+    return out
+
+
 def host_health() -> dict:
     """The interpreter's speed and the process-wide settings that slow every Python call."""
     import torch
@@ -143,12 +201,18 @@ def engine(kind: str, model: str, requests: int, warm_steps: int, steps: int, ma
         eng.add_request(f"r{k}", {"prompt_token_ids": p}, sp)
     for _ in range(warm_steps):
         eng.step()
-    c0, s0, own0, t = thread_cpu_s(), sched_counters(), time.thread_time(), time.perf_counter()
+    h0, c0, s0 = host_cpu(), thread_cpu_s(), sched_counters()
+    own0, t = time.thread_time(), time.perf_counter()
+    step_ms = []
     for _ in range(steps):
+        t1 = time.perf_counter()
         eng.step()
+        step_ms.append(round((time.perf_counter() - t1) * 1e3, 2))
     wall = time.perf_counter() - t
-    own, c1, s1 = time.thread_time() - own0, thread_cpu_s(), sched_counters()
+    own, c1, s1, h1 = time.thread_time() - own0, thread_cpu_s(), sched_counters(), host_cpu()
     res["ms_per_step"] = round(wall / steps * 1e3, 3)
+    res["step_ms"] = step_ms  # each timed step: a slow stretch shows here, not in the mean
+    res["host"] = cpu_delta(h0, h1, wall)
     # the share of the timed wall time the engine's thread (this one) was on a CPU (below 1: it
     # waited, or was descheduled; the involuntary switches and the cgroup's throttling say which)
     res["main_thread_on_cpu"] = round(own / wall, 3)
@@ -204,11 +268,16 @@ def saturation(model: str, engines: list[str], requests: int, warm_steps: int, s
         p = subprocess.run(cmd, env=env, cwd=common.REPO, capture_output=True, text=True)
         line = [x for x in p.stdout.splitlines() if x.startswith(MARK)]
         if p.returncode or not line:
+            # one engine's failure is reported with its result and does not lose the others'
             sys.stderr.write(p.stderr[-4000:])
-            raise SystemExit(f"profile saturation: engine {spec} failed (rc {p.returncode})")
-        out["engines"][spec].append(json.loads(line[-1][len(MARK):]))
-    if json_out:
-        common.write_json(json_out, out)
+            out["engines"][spec].append({"engine": spec, "error": f"rc {p.returncode}", "stderr": p.stderr[-4000:]})
+        else:
+            out["engines"][spec].append(json.loads(line[-1][len(MARK):]))
+        if json_out:  # after every engine: a run cut short keeps what it measured
+            common.write_json(json_out, out)
+    failed = [spec for spec, runs in out["engines"].items() for e in runs if "error" in e]
+    if failed:
+        raise SystemExit(f"profile saturation: engine(s) {', '.join(failed)} failed (their stderr is in the result)")
     return out
 
 
@@ -216,7 +285,12 @@ def report(r: dict) -> str:
     """One line per engine: ms per decode step, the interpreter's speed, the busiest threads."""
     lines = [f"{r['model']}: {r['requests']} requests, {r['steps']} decode steps timed after {r['warm_steps']}"]
     for spec, e in ((spec, e) for spec, runs in r["engines"].items() for e in runs):
+        if "error" in e:
+            lines.append(f"  {spec:28s} failed: {e['error']}")
+            continue
         h = e["health"]
+        host = e.get("host", {})
+        others = ", ".join(f"{k} {v:.2f}" for k, v in list(host.get("other_procs_cpu_s", {}).items())[:3])
         busy = ", ".join(f"{k} {v:.2f}" for k, v in list(e["thread_cpu_s"].items())[:4])
         prof = f"; under cProfile {e['profiled_ms_per_step']:.2f}" if "profiled_ms_per_step" in e else ""
         sched = ", ".join(f"{k} {v:g}" for k, v in e.get("sched", {}).items())
@@ -227,5 +301,9 @@ def report(r: dict) -> str:
                      f"thread CPU s: {busy}; threads {h['after_steps']['threads']}; "
                      f"gc tracked {h['after_steps']['gc_tracked']}, frozen {h['after_steps']['gc_frozen']}; "
                      f"trace {h['after_steps']['trace']}, profile {h['after_steps']['profile']}, "
-                     f"frame callback {h['after_steps']['eval_frame_callback']}")
+                     f"frame callback {h['after_steps']['eval_frame_callback']}; host busy cores "
+                     f"{host.get('host_busy_cores', float('nan')):.2f}, other processes' CPU s: {others or '-'}; "
+                     f"CPU {host.get('cpu', '?')} at {host.get('cpu_mhz', float('nan')):.0f} MHz; "
+                     f"steps min / max {min(e['step_ms'], default=float('nan')):.1f} / "
+                     f"{max(e['step_ms'], default=float('nan')):.1f} ms")
     return "\n".join(lines)
