@@ -572,3 +572,85 @@ def test_values_are_spliced_into_vllms_stream_chunks(kind):
     got = json.loads(_with_reads(two, acc.view(), {})[len("data: "):])
     assert got["choices"][0]["mi_results"] == {"a": {"p": {"pos0": 0, "values": [0.0, 1.0, 2.0, 7.5]}}}
     assert "mi_results" not in got["choices"][1]
+
+
+@pytest.mark.parametrize("kind", ["completion", "completion_usage", "completion_logprobs", "chat"])
+def test_a_decode_steps_value_is_spliced_without_a_parse(kind, monkeypatch):
+    """A streamed decode step's one probe value goes into vLLM's chunk text without parsing the
+    chunk (the per-token path of a request with a probe): each chunk carries exactly the value
+    made for its position (a non-finite one as null), also when the stream lags one output behind
+    its chunks or merges two outputs; the prompt's chunk, a recomputed position, a chunk with
+    logprobs (its choice holds arrays of objects) and the final chunk take the parsed path, with
+    the same result."""
+    from vllm.entrypoints.openai.chat_completion.protocol import (ChatCompletionResponseStreamChoice,
+                                                                  ChatCompletionStreamResponse, DeltaMessage)
+    from vllm.entrypoints.openai.completion.protocol import (CompletionLogProbs, CompletionResponseStreamChoice,
+                                                             CompletionStreamResponse)
+    try:
+        from vllm.entrypoints.openai.engine.protocol import UsageInfo
+    except ImportError:  # vLLM 0.32
+        from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+    from vllm_xmix._vllm_compat import openai_server
+    from vllm_xmix.results import ReadResults
+
+    parsed = []
+    real_parse = openai_server.parse_json
+    monkeypatch.setattr(openai_server, "parse_json", lambda s: parsed.append(1) or real_parse(s))
+
+    def chunk(finish):
+        text = ' "},{\\"index\\":1}'  # token text that looks like the chunk's structure
+        if kind == "chat":
+            r = ChatCompletionStreamResponse(model="m", choices=[ChatCompletionResponseStreamChoice(
+                index=0, delta=DeltaMessage(content=text), finish_reason=finish)])
+        else:
+            lp = (CompletionLogProbs(text_offset=[0], token_logprobs=[-0.5], tokens=["x"], top_logprobs=[{"x": -0.5}])
+                  if kind == "completion_logprobs" else None)
+            usage = ({"usage": UsageInfo(prompt_tokens=3, completion_tokens=1, total_tokens=4)}
+                     if kind == "completion_usage" else {})  # (unset: no usage key, as vLLM streams it)
+            r = CompletionStreamResponse(model="m", **usage, choices=[CompletionResponseStreamChoice(
+                index=0, text=text, logprobs=lp, finish_reason=finish)])
+        return f"data: {r.model_dump_json(exclude_unset=True)}\n\n"
+
+    P = 4
+    made = [0.25 * k - 1 for k in range(P + 8)]
+    made[P + 2] = float("nan")
+
+    def ch(p0, n):
+        return ("app", "probe", 16, "probe", p0, n, 1, np.array(made[p0:p0 + n], np.float32).tobytes())
+
+    acc, deltas, sent = ReadResults(P), {}, []
+
+    def stream(view, finish=None):
+        c = chunk(finish)
+        sent.append((c, openai_server._with_reads(c, view, deltas)))
+
+    acc.add([ch(0, P)])
+    stream(acc.view())  # the prompt's values: parsed
+    for k in range(2):  # decode steps
+        acc.add([ch(P + k, 1)])
+        stream(acc.view())
+    acc.add([ch(P + 2, 1)])  # the stream lags: the next step's values are there before this one's chunk
+    v = acc.view()
+    acc.add([ch(P + 3, 1)])
+    stream(v)
+    stream(acc.view())
+    acc.add([ch(P + 4, 1)])  # two outputs merged into one (a slow consumer)
+    acc.add([ch(P + 5, 1)])
+    stream(acc.view())
+    acc.add([ch(P + 5, 1), ch(P + 6, 1)])  # a position computed again (after a preemption): parsed
+    stream(acc.view())
+    stream(acc.view(), "length")  # the final chunk: parsed (mi_results_complete)
+    got = []
+    for c, out in sent:
+        want = json.loads(c[len("data: "):])
+        have = json.loads(out[len("data: "):])
+        e = have["choices"][0].pop("mi_results").get("app", {}).get("probe", {"pos0": len(got), "values": []})
+        assert e["pos0"] == len(got), (e, len(got))
+        got += e["values"]
+        have["choices"][0].pop("mi_results_complete", None)
+        assert have == want  # nothing else of vLLM's chunk changed
+    want_vals = [None if not np.isfinite(x) else float(np.float32(x)) for x in made[:P + 7]]
+    assert got == want_vals
+    # parsed: the prompt's chunk (the stream's first), the recomputed one, the final one; with logprobs every one
+    assert len(parsed) == (len(sent) if kind == "completion_logprobs" else 3), (kind, len(parsed))

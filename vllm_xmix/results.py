@@ -30,8 +30,10 @@ the request finishes (streaming) the arrays cover the positions processed so far
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import struct
 
 import numpy as np
 
@@ -212,6 +214,45 @@ class StreamDelta:
         self._triggers_sent: dict[str, int] = {}  # app -> trigger records already sent
         self._layers: dict[tuple[str, str], int] = {}  # (app, name) -> layers it has (of _n_parts parts)
         self._n_parts = 0
+        self._taken = 0  # chunks (in arrival order) looked at: every chunk before this one
+        self._heads: dict[tuple, str] = {}  # (app, name, layer) -> '{"app":{"name":{"pos0":' (take_text)
+
+    def take_text(self, acc: ReadResults | None, upto: int | None = None) -> str | None:
+        """:meth:`take`'s result as JSON text, for the common case of streamed decode steps only:
+        the new chunks are one probe's single values at the next positions to send (one per
+        step; several when the stream merged outputs), of a read at one layer already streamed,
+        and there are no trigger records. None otherwise (then call :meth:`take`). Looks at the
+        chunks where they arrived, without assembling (a streamed token of a request with a
+        probe costs a few attribute reads and one string, not a parse)."""
+        if acc is None or acc.triggers is not None:
+            return None
+        i = self._taken
+        upto = acc.n_chunks if upto is None else upto
+        k0, k1 = i - acc._parsed, upto - acc._parsed
+        if k0 < 0 or k1 <= k0 or k1 > len(acc._raw):
+            return None
+        raw = acc._raw
+        app, name, layer, tag, pos0, n, width, data = raw[k0]
+        key = (app, name, layer)
+        if tag != "probe" or n != 1 or self._sent.get(key) != pos0 or self._layers.get((app, name)) != 1:
+            return None
+        unpack = _F32.unpack_from
+        (x,) = unpack(data)
+        vals = [x]
+        for c in raw[k0 + 1:k1]:  # merged outputs: each a decode step of the same read, in order
+            if c[4] != pos0 + len(vals) or c[5] != 1 or c[3] != "probe" or c[:3] != key:
+                return None
+            vals += unpack(c[7])
+        head = self._heads.get(key)
+        if head is None:
+            head = self._heads[key] = f'{{{json.dumps(app)}:{{{json.dumps(name)}:{{"pos0":'
+        self._sent[key] = pos0 + len(vals)
+        self._seen[key] += len(vals)
+        self._taken = upto
+        if len(vals) == 1 and math.isfinite(x):
+            return f'{head}{pos0},"values":[{x!r}]}}}}}}'
+        body = ",".join(repr(v) if math.isfinite(v) else "null" for v in vals)
+        return f'{head}{pos0},"values":[{body}]}}}}}}'
 
     def take(self, acc: ReadResults | None, upto: int | None = None) -> dict:
         """The values new since the last call, of the first ``upto`` chunks of ``acc`` (the
@@ -220,6 +261,7 @@ class StreamDelta:
         out: dict = {}
         if acc is None:
             return out
+        self._taken = acc.n_chunks if upto is None else max(self._taken, min(upto, acc.n_chunks))
         if acc._raw:
             acc._parse()
         parts = acc._parts
@@ -286,6 +328,10 @@ class StreamDelta:
             slot[name] = entry
         else:
             slot.setdefault(name, {})[str(layer)] = entry
+
+
+#: one float32 as the bytes of a read chunk hold it (numpy's ``tobytes``: native byte order)
+_F32 = struct.Struct("=f")
 
 
 def _json_values(a: np.ndarray) -> list:

@@ -115,12 +115,32 @@ _LAST_CHOICE_END = "}]}\n\n"
 _ENCODE = msgspec.json.Encoder()
 
 
+#: the text of a chunk whose single choice (index 0) is not the last one of its stream, in vLLM's
+#: serialization: each of these can only be JSON structure, never text inside a JSON string
+#: (where every quote is escaped), so finding them needs no parse
+_ONE_CHOICE = '"choices":[{"index":0,'
+_NOT_FINAL = '"finish_reason":null'
+
+
 def _with_reads(chunk: str, view, deltas: dict) -> str:
     """A streamed ``data: {...}`` chunk with its choice's ``mi_results`` (and, with the finish
     reason, ``mi_results_complete``). The values are spliced into the chunk's text at the end of
     its choice (the chunk is parsed, not serialized again: this runs for every streamed token of
     every request with reads, on the server's event loop); a chunk of another shape is
-    serialized again whole."""
+    serialized again whole. A decode step's chunk with one probe value in a single-choice
+    chunk that is not the last (the common case) is spliced without a parse
+    (:meth:`vllm_xmix.results.StreamDelta.take_text`)."""
+    d = deltas.get(0)
+    if (d is not None and _ONE_CHOICE in chunk and _NOT_FINAL in chunk and '},{"index":' not in chunk
+            and '"role":' not in chunk):
+        at = chunk.find(_CHOICE_END)
+        # without usage: the choices array must end the object (no later array of objects)
+        if at < 0 and chunk.endswith(_LAST_CHOICE_END) and chunk.rfind('":[{') == chunk.find(_ONE_CHOICE) + 8:
+            at = len(chunk) - len(_LAST_CHOICE_END)
+        if at > 0:
+            text = d.take_text(view._acc, view._upto)
+            if text is not None:
+                return f'{chunk[:at]},"mi_results":{text}{chunk[at:]}'
     data = parse_json(chunk[len("data: "):])
     if not isinstance(data, dict):
         return chunk

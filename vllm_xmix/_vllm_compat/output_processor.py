@@ -69,8 +69,9 @@ class _AppsRequestOutputs:
                 acc.add(kv_transfer_params[CONFIG_KEY])
             if TRIGGERS_KEY in kv_transfer_params:
                 acc.add_triggers(kv_transfer_params[TRIGGERS_KEY])
-            kv_transfer_params = {k: v for k, v in kv_transfer_params.items()
-                                  if k not in (CONFIG_KEY, TRIGGERS_KEY)} or None
+            kv_transfer_params = (None if len(kv_transfer_params) == 1 else  # (only ours: the common case)
+                                  {k: v for k, v in kv_transfer_params.items()
+                                   if k not in (CONFIG_KEY, TRIGGERS_KEY)} or None)
         n_gen = None
         if acc is not None and finish_reason is not None:
             det = getattr(self, "detokenizer", None)
