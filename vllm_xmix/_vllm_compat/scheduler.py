@@ -124,7 +124,11 @@ def patch_scheduler() -> None:
                     note_triggers(self, tt, reads)
                 for rid, chunks in reads.items():
                     if chunks:
-                        pending.setdefault(rid, []).extend(chunks)
+                        have = pending.get(rid)
+                        if have is None:
+                            pending[rid] = chunks  # (the step's own list: reads_of makes one per request)
+                        else:
+                            have.extend(chunks)
             # requests with a triggered read, looked up now (a finished one leaves self.requests)
             armed_ids = self.__dict__.get("_xmix_armed_ids")
             live = {rid: self.requests[rid] for rid in armed_ids if rid in self.requests} if armed_ids else {}
@@ -155,7 +159,8 @@ def patch_scheduler() -> None:
                         if o.finish_reason is None and _final_only(self.requests.get(o.request_id)):
                             continue  # the front end uses the values at the end only: they go out then
                         del pending[o.request_id]
-                        o.kv_transfer_params = {**(o.kv_transfer_params or {}), CONFIG_KEY: chunks}
+                        kv = o.kv_transfer_params
+                        o.kv_transfer_params = {CONFIG_KEY: chunks} if kv is None else {**kv, CONFIG_KEY: chunks}
                 for rid in [r for r in pending if r not in self.requests]:
                     del pending[rid]  # finished or aborted without a further output
             return outs

@@ -59,7 +59,8 @@ class ReadTransport:
             self.step_reads = []
             return
         self.taken += 1
-        T = max(sr[1] + sr[2] for sr in self.step_reads)
+        last = self.step_reads[-1]  # (in batch order: its rows end last)
+        T = last[1] + last[2]
         src = self.out[:T]
         if src.is_cuda:
             buf, event = self._buffer(T)
@@ -86,9 +87,12 @@ class ReadTransport:
         if event is not None:
             event.synchronize()
         vals = buf[:T].numpy()
+        # a row's columns are contiguous: one position's values are a slice of the buffer's bytes
+        # (a decode step's: no numpy slicing per request)
+        flat, row_bytes, item = memoryview(vals).cast("B"), vals.strides[0], vals.itemsize
         out: dict[str, list] = {}
         for rid, r0, n, pos0, reads, P in rows:
-            chunks = out.setdefault(rid, [])
+            chunks = []
             for positions, col, width, tag, app, name, layer in reads:  # tag "probe": one float per position
                 lo, hi = pos0, pos0 + n  # positions covered this step
                 if positions == "generated":
@@ -97,8 +101,13 @@ class ReadTransport:
                     lo, hi = max(lo, P - 1), min(hi, P)
                 if hi <= lo:
                     continue
-                block = vals[r0 + lo - pos0: r0 + hi - pos0, col: col + width]
-                chunks.append((app, name, layer, tag, lo, hi - lo, width, block.tobytes()))
+                if hi - lo == 1:
+                    at = (r0 + lo - pos0) * row_bytes + col * item
+                    data = flat[at: at + width * item].tobytes()
+                else:
+                    data = vals[r0 + lo - pos0: r0 + hi - pos0, col: col + width].tobytes()
+                chunks.append((app, name, layer, tag, lo, hi - lo, width, data))
+            out[rid] = chunks
         if event is not None and len(self._free) < _POOL:  # (the chunks hold copies of the values)
             self._free.append((buf, event))
         return out

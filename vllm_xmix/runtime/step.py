@@ -173,9 +173,10 @@ class StepFill:
             stage.event.record()
         self.high_water = T if any_on else 0
         if reg.step_pos and reg.req_reads:
-            self.reads.step_reads = [
-                (r, int(row0[i]), int(num_scheduled_tokens[i]), reg.step_pos[r]) + reg.req_reads[r]
-                for i, r in enumerate(req_ids[:n_req]) if r in reg.req_reads and r in reg.step_pos]
+            rr, sp = reg.req_reads, reg.step_pos
+            first, counts = row0.tolist(), num_scheduled_tokens[:n_req].tolist()  # (Python ints, once per step)
+            self.reads.step_reads = [(r, first[i], counts[i], sp[r]) + rr[r]
+                                     for i, r in enumerate(req_ids[:n_req]) if r in rr and r in sp]
 
     def dummy_forward(self) -> None:
         """Before a forward that does not go through :meth:`fill` (vLLM's dummy runs: profiling,
