@@ -100,6 +100,20 @@ def test_norm_call_times_a_norm_that_hosts_sites():
     assert r["hosted_us"][0] > 0 and r["direct_us"][0] > 0, r
 
 
+def test_saturation_counts_another_process_cpu_by_pid_across_a_name_change():
+    """The host's reading around the timed steps: a kernel worker renamed between the readings
+    (its name follows the work it does) counts only the CPU time it took in between; a process
+    started in between counts all of its own."""
+    from benchmarks.xmix_bench.saturation import cpu_delta
+
+    a = {"host_busy_s": 10.0, "procs": {7: ("kworker/0:0-events", 100.0), 8: ("python", 3.0)}}
+    b = {"host_busy_s": 11.5, "procs": {7: ("kworker/0:0-mm_percpu_wq", 100.5), 8: ("python", 3.0),
+                                        9: ("new", 0.2)}, "cpu": 1, "cpu_mhz": 2600.0}
+    assert cpu_delta(a, b, 0.5) == {"host_busy_cores": 3.0, "other_procs_cpu_s": {"7:kworker/0:0-mm_percpu_wq": 0.5,
+                                                                                  "9:new": 0.2},
+                                    "cpu": 1, "cpu_mhz": 2600.0}
+
+
 @pytest.mark.one_version
 def test_saturation_runs_each_engine_in_its_own_process_and_reports_its_health(tmp_path):
     """`profile saturation`: plain vLLM without the plugin and the benchmark deployment, each in

@@ -100,7 +100,7 @@ def sched_counters() -> dict[str, float]:
 def host_cpu() -> dict:
     """The machine around this process: busy CPU seconds of the whole host (``/proc/stat``, every
     core, all but idle and iowait), each other process's CPU seconds (``/proc/<pid>/stat``, user +
-    system, ``"pid:comm"`` -> s), the CPU this thread last ran on and that CPU's current clock
+    system, pid -> (comm, s)), the CPU this thread last ran on and that CPU's current clock
     (``/proc/cpuinfo``, MHz; absent where the file has none). Linux only; empty elsewhere."""
     out: dict = {}
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -119,7 +119,7 @@ def host_cpu() -> dict:
             with open(f"/proc/{pid}/stat") as fh:
                 head, rest = fh.read().rsplit(")", 1)
             fields = rest.split()
-            procs[f"{pid}:{head.split('(', 1)[1]}"] = (int(fields[11]) + int(fields[12])) / tick
+            procs[int(pid)] = (head.split("(", 1)[1], (int(fields[11]) + int(fields[12])) / tick)
         except (OSError, ValueError, IndexError):
             continue
     out["procs"] = procs
@@ -147,7 +147,10 @@ def cpu_delta(a: dict, b: dict, wall: float) -> dict:
     if "host_busy_s" in a and "host_busy_s" in b and wall > 0:
         out["host_busy_cores"] = round((b["host_busy_s"] - a["host_busy_s"]) / wall, 2)
     pa, pb = a.get("procs", {}), b.get("procs", {})
-    d = sorted(((k, v - pa.get(k, 0.0)) for k, v in pb.items()), key=lambda kv: -kv[1])
+    # by pid (a kernel worker's name changes with the work it does); a process that started
+    # between the readings counts all its CPU time
+    d = sorted(((f"{pid}:{name}", s - pa.get(pid, ("", 0.0))[1]) for pid, (name, s) in pb.items()),
+               key=lambda kv: -kv[1])
     out["other_procs_cpu_s"] = {k: round(v, 2) for k, v in d[:5] if v > 0}
     for k in ("cpu", "cpu_mhz"):
         if k in b:
