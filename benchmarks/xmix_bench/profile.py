@@ -177,8 +177,9 @@ def main(args) -> int:
         r = stream_cost(args.prompt, args.tokens, args.repeats)
         if args.json:
             common.write_json(args.json, r)
-        print(f"front end, streamed chunk of a request with a probe: {r['us_per_chunk']:.1f} us per chunk "
-              f"(median of {len(r['runs'])} streams of {r['tokens']} chunks, prompt {r['prompt']})")
+        print(f"front end, streamed chunk of a request with a probe: {r['us_per_chunk']:.1f} us per chunk, "
+              f"{r['us_per_decode_chunk']:.1f} per decode chunk (median of {len(r['runs'])} streams of "
+              f"{r['tokens']} chunks, prompt {r['prompt']})")
         return 0
     if args.action == "norm-call":
         r = norm_call(args.tokens, args.calls)
