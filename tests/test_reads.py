@@ -411,3 +411,36 @@ def test_read_snapshots_reuse_their_host_buffers_and_keep_each_steps_values():
         step(200, 400.0)  # larger than the pooled buffers (64 rows): a new one
         snap = rt.pop_snapshot()
         assert snap[0].shape[0] >= 200 and values(snap) == [400.0 + i for i in range(200)]
+
+
+def test_assembled_values_of_a_stream_end_to_end_and_with_gaps():
+    """A request's values put together from its chunks (the prompt's, then one position per
+    decode step): end to end they are the values sent, position for position; a generated-only
+    capture starts at the last prompt position; missing positions are NaN (a short stream), a
+    value beyond the request's end is dropped, and a recomputed position keeps the later value."""
+    from vllm_xmix.results import ReadResults
+
+    P, G = 5, 4
+    vals = np.arange(P + G - 1, dtype=np.float32) * 0.5 - 1  # position i -> vals[i]
+    cap = np.arange((P + G - 1) * 2, dtype=np.float32).reshape(-1, 2)
+
+    def ch(name, tag, p0, n, src):
+        return ("a", name, 3, tag, p0, n, src.shape[1] if src.ndim > 1 else 1, src[p0:p0 + n].tobytes())
+
+    acc = ReadResults(P)
+    acc.add([ch("p", "probe", 0, P, vals), ch("g", "generated", P - 1, 1, cap)])
+    for p in range(P, P + G - 1):
+        acc.add([ch("p", "probe", p, 1, vals), ch("g", "generated", p, 1, cap)])
+    out = acc.assemble(G)
+    np.testing.assert_array_equal(out["a"]["p"], vals)
+    np.testing.assert_array_equal(out["a"]["g"], cap[P - 1:])
+    assert out["a"]["p"].flags.writeable  # (a copy: the caller may change it)
+    longer = acc.assemble(G + 2)["a"]["p"]  # two positions never sent: NaN
+    np.testing.assert_array_equal(longer[:P + G - 1], vals)
+    assert np.isnan(longer[P + G - 1:]).all() and len(longer) == P + G + 1
+    np.testing.assert_array_equal(acc.assemble(G - 1)["a"]["p"], vals[:-1])  # beyond the end: dropped
+    redo = np.full_like(vals, 9.0)
+    acc.add([ch("p", "probe", P + 1, 1, redo)])  # position P+1 computed again (after a preemption)
+    want = vals.copy()
+    want[P + 1] = 9.0
+    np.testing.assert_array_equal(acc.assemble(G)["a"]["p"], want)

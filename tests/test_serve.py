@@ -654,3 +654,50 @@ def test_a_decode_steps_value_is_spliced_without_a_parse(kind, monkeypatch):
     assert got == want_vals
     # parsed: the prompt's chunk (the stream's first), the recomputed one, the final one; with logprobs every one
     assert len(parsed) == (len(sent) if kind == "completion_logprobs" else 3), (kind, len(parsed))
+
+
+def test_a_stream_that_lags_every_step_stays_on_the_unparsed_path_and_ends_complete(monkeypatch):
+    """A stream whose chunks always come one output behind the values received: after the
+    first chunk (parsed) every decode chunk is spliced without a parse, each with its own
+    position's value; a final chunk whose logprobs hold a token text spelling the finish reason's
+    key (a NaN logprob is written as null) still gets all the values (``mi_results_complete``)."""
+    from vllm.entrypoints.openai.completion.protocol import (CompletionLogProbs, CompletionResponseStreamChoice,
+                                                             CompletionStreamResponse)
+
+    from vllm_xmix._vllm_compat import openai_server
+    from vllm_xmix.results import ReadResults, to_json
+
+    parsed = []
+    real_parse = openai_server.parse_json
+    monkeypatch.setattr(openai_server, "parse_json", lambda s: parsed.append(1) or real_parse(s))
+    P, G = 3, 8
+    vals = np.arange(P + G, dtype=np.float32) / 4
+
+    def ch(p0, n):
+        return ("app", "probe", 2, "probe", p0, n, 1, vals[p0:p0 + n].tobytes())
+
+    def chunk(finish, lp=None):
+        r = CompletionStreamResponse(model="m", choices=[CompletionResponseStreamChoice(
+            index=0, text=" t", logprobs=lp, finish_reason=finish)])
+        return f"data: {r.model_dump_json(exclude_unset=True)}\n\n"
+
+    acc, deltas, got = ReadResults(P), {}, []
+    acc.add([ch(0, P)])
+    views = [acc.view()]
+    for k in range(G - 1):
+        acc.add([ch(P + k, 1)])  # the next step's value is there before this output's chunk
+        views.append(acc.view())
+        out = json.loads(openai_server._with_reads(chunk(None), views[-2], deltas)[len("data: "):])
+        e = out["choices"][0]["mi_results"]["app"]["probe"]
+        assert e["pos0"] == len(got)
+        got += e["values"]
+    assert len(parsed) == 1, len(parsed)  # the first chunk only
+    lp = CompletionLogProbs(text_offset=[0], token_logprobs=[-0.1], tokens=["x"],
+                            top_logprobs=[{"x": -0.1, "finish_reason": float("nan")}])
+    last = chunk("length", lp)
+    assert '"finish_reason":null' in last  # (the logprob's key)
+    out = json.loads(openai_server._with_reads(last, acc.view(n_generated=G), deltas)[len("data: "):])
+    c = out["choices"][0]
+    got += c["mi_results"]["app"]["probe"]["values"]
+    assert got == vals[:P + G - 1].tolist()
+    assert c["mi_results_complete"] == to_json(acc.assemble(G)) == {"app": {"probe": vals[:P + G - 1].tolist()}}

@@ -82,16 +82,23 @@ class ReadResults:
         if chunks:
             self._final = None
 
-    def _parse(self) -> None:
-        raw, self._raw = self._raw, []
+    def _parse(self, upto: int | None = None) -> None:
+        """Parse the chunks received (``upto``: only those before it, in arrival order; the
+        later ones stay as they arrived, for :meth:`StreamDelta.take_text`)."""
+        if upto is None or upto - self._parsed >= len(self._raw):
+            raw, self._raw = self._raw, []
+        else:
+            k = max(0, upto - self._parsed)
+            raw, self._raw = self._raw[:k], self._raw[k:]
         seq = self._parsed
-        parts, frombuffer, f32 = self._parts, np.frombuffer, np.float32
+        parts, array, f32 = self._parts, np.ndarray, np.float32
         for app, name, layer, positions, pos0, n, width, data in raw:  # (per streamed token: kept lean)
             key = (app, name, int(layer))
             part = parts.get(key)
             if part is None:
                 part = parts[key] = [positions, int(width), []]
-            part[2].append((seq, int(pos0), frombuffer(data, f32).reshape(n, width)))
+            # a read-only [n, width] view of the chunk's bytes (np.frombuffer + reshape in one call)
+            part[2].append((seq, int(pos0), array((n, width), f32, data)))
             seq += 1
         self._parsed = seq
 
@@ -118,10 +125,22 @@ class ReadResults:
             self._parse()
         P = self.n_prompt
         for key, (positions, width, all_chunks) in sorted(self._parts.items()):
-            chunks = [(p0, v) for seq, p0, v in all_chunks if upto is None or seq < upto]
+            chunks = ([(p0, v) for seq, p0, v in all_chunks if seq < upto] if upto is not None
+                      else [(p0, v) for seq, p0, v in all_chunks])
             if not chunks:
                 continue
             start = 0 if positions in ("all", "probe") else P - 1
+            # the common stream: each chunk starts where the one before ended (a prompt, then one
+            # position per decode step), from start on: the values are the chunks end to end
+            nxt = start
+            for p0, v in chunks:
+                if p0 != nxt:
+                    break
+                nxt += len(v)
+            else:
+                if positions != "last" and (n_generated is None or nxt == P + n_generated - 1):
+                    yield key, positions, start, np.concatenate([v for _, v in chunks])
+                    continue
             if positions == "last":
                 end = P
             elif n_generated is not None:
@@ -263,7 +282,7 @@ class StreamDelta:
             return out
         self._taken = acc.n_chunks if upto is None else max(self._taken, min(upto, acc.n_chunks))
         if acc._raw:
-            acc._parse()
+            acc._parse(upto)  # (a lagging stream's later chunks stay for take_text)
         parts = acc._parts
         if len(parts) != self._n_parts:  # (a read's first values: count the layers of each read again)
             layers: dict[tuple[str, str], int] = {}

@@ -117,7 +117,8 @@ _ENCODE = msgspec.json.Encoder()
 
 #: the text of a chunk whose single choice (index 0) is not the last one of its stream, in vLLM's
 #: serialization: each of these can only be JSON structure, never text inside a JSON string
-#: (where every quote is escaped), so finding them needs no parse
+#: (where every quote is escaped), so finding them needs no parse (a dict key can spell one:
+#: ``_with_reads`` requires the finish reason's to be the only one)
 _ONE_CHOICE = '"choices":[{"index":0,'
 _NOT_FINAL = '"finish_reason":null'
 
@@ -131,8 +132,10 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
     chunk that is not the last (the common case) is spliced without a parse
     (:meth:`vllm_xmix.results.StreamDelta.take_text`)."""
     d = deltas.get(0)
-    if (d is not None and _ONE_CHOICE in chunk and _NOT_FINAL in chunk and '},{"index":' not in chunk
-            and '"role":' not in chunk):
+    # (a dict key can hold the quotes a string cannot: a top logprob's token text "finish_reason"
+    # with a NaN logprob writes '"finish_reason":null' too, so the choice's own must be the only one)
+    if (d is not None and _ONE_CHOICE in chunk and _NOT_FINAL in chunk and chunk.count('"finish_reason":') == 1
+            and '},{"index":' not in chunk and '"role":' not in chunk):
         at = chunk.find(_CHOICE_END)
         # without usage: the choices array must end the object (no later array of objects)
         if at < 0 and chunk.endswith(_LAST_CHOICE_END) and chunk.rfind('":[{') == chunk.find(_ONE_CHOICE) + 8:
