@@ -101,13 +101,14 @@ def test_norm_call_times_a_norm_that_hosts_sites():
 
 
 def test_stream_cost_times_every_chunk_and_the_decode_chunks_apart():
-    """`profile stream`: microseconds per streamed chunk of a probe request, over the whole stream
-    and over its decode chunks alone (the first carries the prompt's values, the last all)."""
+    """`profile stream`: microseconds per streamed chunk of a probe request, over the whole stream,
+    over its decode chunks alone (the first carries the prompt's values, the last all) and for
+    the last."""
     from benchmarks.xmix_bench.stream import stream_cost
 
     r = stream_cost(prompt=64, tokens=8, repeats=3)
-    assert len(r["runs"]) == len(r["decode_runs"]) == 3, r
-    assert r["us_per_chunk"] > 0 and r["us_per_decode_chunk"] > 0, r
+    assert len(r["runs"]) == len(r["decode_runs"]) == len(r["final_runs"]) == 3, r
+    assert r["us_per_chunk"] > 0 and r["us_per_decode_chunk"] > 0 and r["us_final_chunk"] > 0, r
     # the prompt's 64 values and the final 71 are more work than one decode step's value
     assert r["us_per_decode_chunk"] < r["us_per_chunk"], r
 

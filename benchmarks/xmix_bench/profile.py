@@ -178,7 +178,8 @@ def main(args) -> int:
         if args.json:
             common.write_json(args.json, r)
         print(f"front end, streamed chunk of a request with a probe: {r['us_per_chunk']:.1f} us per chunk, "
-              f"{r['us_per_decode_chunk']:.1f} per decode chunk (median of {len(r['runs'])} streams of "
+              f"{r['us_per_decode_chunk']:.1f} per decode chunk, {r['us_final_chunk']:.1f} the final chunk "
+              f"(median of {len(r['runs'])} streams of "
               f"{r['tokens']} chunks, prompt {r['prompt']})")
         return 0
     if args.action == "norm-call":

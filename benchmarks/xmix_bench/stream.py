@@ -10,8 +10,9 @@ Measured without a server: vLLM's own completion stream chunks (``CompletionStre
 serialized as vLLM's server does, ``exclude_unset=True``),
 a request with one probe (``--prompt`` prompt values with the first token, then one value per
 token, as the engine core sends them), ``--tokens`` chunks; the median over ``--repeats``
-streams of the mean microseconds per chunk, and of the decode chunks alone (neither the first,
-which carries the prompt's values, nor the last, which carries all of them). Host CPU time of this machine: compare lines of one
+streams of the mean microseconds per chunk, of the decode chunks alone (neither the first,
+which carries the prompt's values, nor the last), and of the last chunk (all the values,
+assembled: ``mi_results_complete``). Host CPU time of this machine: compare lines of one
 machine only.
 """
 
@@ -34,8 +35,8 @@ def stream_cost(prompt: int = 256, tokens: int = 128, repeats: int = 20) -> dict
 
     rng = np.random.default_rng(0)
 
-    def one() -> tuple[float, float]:
-        acc, deltas, spent, decode = ReadResults(prompt), {}, 0.0, 0.0
+    def one() -> tuple[float, float, float]:
+        acc, deltas, spent, decode, last = ReadResults(prompt), {}, 0.0, 0.0, 0.0
         acc.add([("probe_one", "probe", 16, "probe", 0, prompt, 1, rng.random((prompt, 1), np.float32).tobytes())])
         for i in range(tokens):
             if i:
@@ -51,12 +52,14 @@ def stream_cost(prompt: int = 256, tokens: int = 128, repeats: int = 20) -> dict
             spent += dt
             if 0 < i < tokens - 1:
                 decode += dt
-        return spent / tokens * 1e6, decode / max(tokens - 2, 1) * 1e6
+            last = dt
+        return spent / tokens * 1e6, decode / max(tokens - 2, 1) * 1e6, last * 1e6
 
     for _ in range(3):  # warm-up
         one()
-    both = [one() for _ in range(repeats)]
-    runs, dec = [round(a, 2) for a, _ in both], [round(b, 2) for _, b in both]
+    each = [one() for _ in range(repeats)]
+    runs, dec, fin = ([round(r[k], 2) for r in each] for k in range(3))
     return {"us_per_chunk": statistics.median(runs), "runs": runs,
-            "us_per_decode_chunk": statistics.median(dec), "decode_runs": dec, "prompt": prompt, "tokens": tokens,
+            "us_per_decode_chunk": statistics.median(dec), "decode_runs": dec,
+            "us_final_chunk": statistics.median(fin), "final_runs": fin, "prompt": prompt, "tokens": tokens,
             "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
