@@ -120,6 +120,7 @@ _ENCODE = msgspec.json.Encoder()
 #: (where every quote is escaped), so finding them needs no parse (a dict key can spell one:
 #: ``_with_reads`` requires the finish reason's to be the only one)
 _ONE_CHOICE = '"choices":[{"index":0,'
+_ARRAY_OPEN = len('"choices')  # where '":[{' starts in _ONE_CHOICE
 _NOT_FINAL = '"finish_reason":null'
 
 
@@ -138,7 +139,7 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
             and '},{"index":' not in chunk and '"role":' not in chunk):
         at = chunk.find(_CHOICE_END)
         # without usage: the choices array must end the object (no later array of objects)
-        if at < 0 and chunk.endswith(_LAST_CHOICE_END) and chunk.rfind('":[{') == chunk.find(_ONE_CHOICE) + 8:
+        if at < 0 and chunk.endswith(_LAST_CHOICE_END) and chunk.rfind('":[{') == chunk.find(_ONE_CHOICE) + _ARRAY_OPEN:
             at = len(chunk) - len(_LAST_CHOICE_END)
         if at > 0:
             text = d.take_text(view._acc, view._upto)
