@@ -3,7 +3,8 @@
 sets, and the run's share of it; the same meter against a real server is in
 tests/test_serve.py); `profile api-cpu` (benchmarks/xmix_bench/api_cpu.py) against its own CPU
 server; `profile api-calls` (api_calls.py) against its own profiled CPU servers; `profile
-norm-call` on a hosted norm."""
+norm-call` on a hosted norm; the served engine-step recorder (benchmarks/xmix_bench/engine_steps.py:
+its summary on rows written by hand, and a real CPU server started through recorded_server.py)."""
 
 from __future__ import annotations
 
@@ -156,3 +157,168 @@ def test_saturation_runs_each_engine_in_its_own_process_and_reports_its_health(t
     assert "xmix@VLLM_XMIX_GRAPH_VARIANTS=0" in report(r) and (tmp_path / "s.json").exists()
     with pytest.raises(SystemExit, match="unknown engine 'fast'"):
         saturation(model, ["fast"], 1, 1, 1, 512, True, None, None)
+
+
+def _steps_rows(tmp_path, name, rows, capacity=None):
+    """A step file ``steps.<name>.bin`` in ``tmp_path`` with ``rows`` written by the recorder's writer."""
+    from benchmarks.xmix_bench import engine_steps
+
+    w = engine_steps.StepWriter(str(tmp_path / f"steps.{name}.bin"), **({"capacity": capacity} if capacity else {}))
+    for r in rows:
+        w.append(*r)
+    return w
+
+
+def test_step_summary_periods_groups_idle_gap_and_a_full_file(tmp_path):
+    """The meter's summary of rows written with the recorder's own writer, periods computed by
+    hand: a step scheduled before the previous one's output was processed (async scheduling)
+    holds the pipeline from that processing on; after an idle gap from its own scheduling; the
+    meter's first new row is measured from the row before it; each engine's file on its own;
+    steps without tokens are counted apart; a file that filled up and a window without rows are
+    reported, never an empty summary."""
+    from benchmarks.xmix_bench import engine_steps
+
+    # (t0, t1, t2, t3) in s, tokens, requests
+    a = _steps_rows(tmp_path, 1, [(0.0, 0.001, 0.010, 0.011, 100, 1)])  # before the meter
+    meter = engine_steps.StepMeter(str(tmp_path))
+    for r in [(0.0015, 0.002, 0.015, 0.016, 2, 2),        # decode: 15 - max(11, 1.5) = 4 ms
+              (0.0105, 0.0108, 0.020, 0.0205, 600, 3),    # mixed >512: 20 - max(16, 10.5) = 4 ms
+              (1.0, 1.001, 1.006, 1.007, 3, 3),           # decode after an idle gap: 1006 - 1000 = 6 ms
+              (1.0071, 1.0072, 1.0073, 1.0074, 0, 0),     # no tokens: counted apart
+              (1.0075, 1.0076, 1.0126, 1.013, 3, 3)]:     # decode: 1012.6 - max(1007.4, 1007.5) = 5.1 ms
+        a.append(*r)
+    _steps_rows(tmp_path, 2, [(0.5, 0.5005, 0.508, 0.509, 40, 1)])  # another engine: 8 ms from its scheduling
+    s = meter.stop(requests=3)
+    approx = pytest.approx
+    assert (s["engines"], s["steps"], s["empty_steps"], s["tokens"]) == (2, 6, 1, 648), s
+    assert s["period_sum_ms"] == approx(4 + 4 + 6 + 5.1 + 8) and s["window_s"] == approx(1.013 - 0.0015)
+    assert s["decode"] == approx({"n": 3, "period_ms_median": 5.1, "period_ms_p90": 5.82, "period_ms_mean": 5.0333,
+                                  "tokens_median": 3.0, "schedule_ms_median": 0.5, "update_ms_median": 1.0}, abs=1e-3)
+    assert (s["mixed_le512"]["n"], s["mixed_le512"]["period_ms_median"], s["mixed_le512"]["tokens_median"]) == (
+        1, approx(8.0), 40.0)
+    assert (s["mixed_gt512"]["n"], s["mixed_gt512"]["period_ms_median"]) == (1, approx(4.0))
+    assert engine_steps.summary(s) == "decode 5.10 ms (n 3), mixed<=512 8.00 ms (n 1), mixed>512 4.00 ms (n 1)"
+    rows = engine_steps.table_rows({"vanilla": [s, {"error": "x"}], "steer_all": []})
+    assert rows[2] == "| vanilla | 5.100 | 3 | 8.000 | 1 | 4.000 | 1 | 0.500 | 1.000 |", rows
+    assert rows[3] == "| steer_all | - | - | - | - | - | - | - | - |", rows
+
+    idle = engine_steps.StepMeter(str(tmp_path)).stop(requests=4)
+    assert idle["error"].startswith("no engine steps recorded (no row added to 2 step file(s)"), idle
+    assert "while the run completed 4 requests" in idle["error"]
+    empty = tmp_path / "none"
+    empty.mkdir()
+    assert "no steps.*.bin in" in engine_steps.StepMeter(str(empty)).stop()["error"]
+
+    full = tmp_path / "full"
+    full.mkdir()
+    m = engine_steps.StepMeter(str(full))
+    w = _steps_rows(full, 3, [(0.0, 0.0, 0.001, 0.001, 1, 1), (0.001, 0.001, 0.003, 0.003, 1, 1),
+                              (0.003, 0.003, 0.004, 0.004, 1, 1)], capacity=2)
+    assert engine_steps.read_header(w.path) == (2, True, 2)
+    f = m.stop()
+    assert f["steps"] == 2 and f["capacity_full"] == ["steps.3.bin"] and "recording stopped" in f["warning"], f
+    assert "recording stopped" in engine_steps.summary(f)
+
+
+def test_step_recorder_forgets_its_file_in_a_forked_child(tmp_path):
+    """A process forked from one that records (vLLM forks its engine core by default) writes a
+    file of its own, under its own pid, at its first row."""
+    from benchmarks.xmix_bench import engine_steps
+
+    assert engine_steps._open_writer(str(tmp_path)) is not None
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if engine_steps._writer is None and not engine_steps._scheduled else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert engine_steps._writer is not None and engine_steps._writer.path == engine_steps.step_file(str(tmp_path))
+    finally:
+        engine_steps._writer = None
+
+
+def _stream(url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[int, int]:
+    """A streamed completion of a token-id prompt: (prompt tokens, completion tokens) of its usage."""
+    import json
+    import urllib.request
+
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "temperature": 0, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    usage = None
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for line in r:
+            line = line.decode().strip()
+            if line.startswith("data: {"):
+                usage = json.loads(line[6:]).get("usage") or usage
+    return usage["prompt_tokens"], usage["completion_tokens"]
+
+
+@pytest.mark.one_version
+def test_recorded_server_records_every_engine_step_of_its_engine_core(tiny_llama, tmp_path):
+    """A real CPU server (the plugin loaded, nothing deployed) started through recorded_server.py:
+    its engine core (spawned on a CPU, so the recorder is installed in it by the module's import
+    there) records every step; one request alone gives exactly its prefill and its decode steps;
+    concurrent requests' steps carry every prompt token and every generated token but the last
+    (distinct prompts: no prefix-cache hit), one step with the long prompt; every row lies in
+    the client's time window; an idle window has no step, and the meter says so."""
+    import threading
+    import time
+
+    from conftest import running_server
+
+    from benchmarks.xmix_bench import common, engine_steps
+
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    args = ["-m", "benchmarks.xmix_bench.recorded_server", "serve", tiny_llama, "--dtype", "float32",
+            "--max-model-len", "1024", "--max-num-batched-tokens", "2048", "--enforce-eager", "--max-num-seqs", "8"]
+    env = {engine_steps.ENV: str(steps), "PYTHONPATH": os.pathsep.join(
+        x for x in (str(common.REPO), os.environ.get("PYTHONPATH")) if x)}
+    procs: list = []
+    with running_server(args, tmp_path / "server.log", env=env, proc_out=procs) as url:
+        t_before = time.perf_counter()
+        meter = engine_steps.StepMeter(str(steps))
+        assert _stream(url, tiny_llama, [11] + list(range(100, 129)), 6) == (30, 6)
+        one = meter.stop(requests=1)
+        (path,) = [str(p) for p in steps.glob("steps.*.bin")]
+        pid = int(path.split(".")[-2])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert pid != procs[0].pid and b"EngineCore" in f.read(), path  # the engine core's file
+        assert (one["mixed_le512"]["n"], one["mixed_le512"]["tokens_median"]) == (1, 30), one
+        assert (one["decode"]["n"], one["decode"]["tokens_median"], one["mixed_gt512"]["n"]) == (5, 1, 0), one
+        assert one["tokens"] == 30 + 5 and one["decode"]["period_ms_median"] > 0, one
+        assert one["schedule_ms_median"] > 0 and one["update_ms_median"] > 0, one
+
+        prompts = [[12] + list(range(200, 799)), [13] + list(range(300, 339)), [14] + list(range(400, 416)),
+                   [15] + list(range(500, 589))]  # 600, 40, 17, 90 tokens
+        meter = engine_steps.StepMeter(str(steps))
+        got = [0] * len(prompts)
+
+        def run(i):
+            got[i] = _stream(url, tiny_llama, prompts[i], 8)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        t_after = time.perf_counter()
+        many = meter.stop(requests=len(prompts))
+        assert got == [(len(p), 8) for p in prompts]
+        assert many["tokens"] == sum(len(p) + 8 - 1 for p in prompts), many
+        assert many["mixed_gt512"]["n"] == 1 and many["mixed_gt512"]["tokens_median"] >= 600, many
+        assert many["decode"]["n"] >= 7 and many["decode"]["tokens_median"] >= 1, many
+        assert 0 < many["period_sum_ms"] <= many["window_s"] * 1e3 + 1e-6, many
+
+        n, full, _ = engine_steps.read_header(path)
+        rows = engine_steps.read_rows(path, 0, n)
+        busy = rows[rows[:, 4] > 0]
+        assert len(busy) >= 1 + 5 + 1 + 7 and not full
+        assert (t_before <= busy[:, 0]).all() and (busy[:, 3] <= t_after).all(), (t_before, t_after, busy[:, :4])
+        assert (busy[:, 0] <= busy[:, 1]).all() and (busy[:, 1] <= busy[:, 2]).all() and (busy[:, 2] <= busy[:, 3]).all()
+
+        meter = engine_steps.StepMeter(str(steps))
+        time.sleep(1.0)
+        idle = meter.stop()
+        assert idle["error"].startswith("no engine steps recorded (no row added"), idle

@@ -1,0 +1,30 @@
+"""``vllm serve`` with its engine steps recorded (``engine_steps``): ``python -m
+benchmarks.xmix_bench.recorded_server serve <model> <args...>`` takes the arguments of ``vllm
+serve`` (run from the repository's root, with ``XMIX_STEP_RECORD_DIR`` set; ``serve start
+--record-steps`` starts its servers so).
+
+The wrappers go in at import, before vLLM's command line runs, so the engine-core process gets
+them either way vLLM starts it: forked (vLLM's default, ``VLLM_WORKER_MULTIPROC_METHOD=fork``),
+it inherits the wrapped class; spawned (vLLM forces spawn where CUDA is already initialized in
+the API server, and always on a CPU), ``multiprocessing`` runs this module again in the child
+as ``__mp_main__`` (a ``-m`` main module is re-imported by name), which installs them there.
+With the plugin, its own wrapper of ``Scheduler.update_from_output`` is installed later, when
+vLLM loads plugins, so it sits outside the recorder's (``engine_steps``' docstring)."""
+
+from __future__ import annotations
+
+import sys
+
+from benchmarks.xmix_bench import engine_steps
+
+engine_steps.install()
+
+
+def main() -> int:
+    from benchmarks.xmix_bench.common import vllm_cli
+
+    return vllm_cli(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
