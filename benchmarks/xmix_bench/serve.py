@@ -55,7 +55,11 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   busiest thread's), so a throughput line can be traced to the process that bounded it, and
   the split of its mean TTFT by vLLM's own per-request metrics (``server_metrics``: front end,
   queue, prefill; a table of its own in summary.md), so a TTFT line can be traced to the part
-  of the serving path it lies in.
+  of the serving path it lies in. With ``start --record-steps`` every server (through
+  ``recorded_server.py``) records each engine step its engine core runs (``engine_steps``), and
+  every run carries a summary of the steps that ran during it (``engine_steps`` in results.json:
+  step periods of decode steps and of prefill-carrying steps up to / over 512 tokens, the host
+  time of the scheduler's two calls; a table of its own in summary.md).
 * ``stop``: stops the servers (SIGTERM to their process groups, then SIGKILL).
 * ``all``: start, rounds, stop in one process (the servers are stopped on exit and on SIGTERM).
 * ``summarize``: rebuilds summary.md / overhead.png from results.json.
@@ -90,7 +94,7 @@ import urllib.request
 from . import common
 from .cpu_usage import CpuMeter
 from .cpu_usage import summary as cpu_summary
-from . import server_metrics
+from . import engine_steps, server_metrics
 
 HELP = "serving A/B with `vllm bench serve`: plain vLLM vs the plugin, each app on every request"
 K_CONFIGS = (16, 256)
@@ -147,6 +151,10 @@ def _server_options(q) -> None:
     q.add_argument("--profile-stack", action="store_true",
                    help="record Python stacks in the profiles (larger traces; `profile compare` then lists "
                         "the Python functions whose host time per step grew)")
+    q.add_argument("--record-steps", action="store_true",
+                   help="every server records each engine step it runs (engine_steps: schedule and update host "
+                        "times, the step's output arrival, tokens) to <out>/steps_<server>/; rounds then attach "
+                        "each run's step periods (decode, mixed <=512 / >512 tokens) to its record")
 
 
 def _round_options(q) -> None:
@@ -359,31 +367,49 @@ def write_sweep_files(out: str, st: dict, dataset_args: list[str], configs: dict
 # ------------------------------------------------------------------------------ servers
 
 
+#: the module that runs ``vllm serve`` with its engine steps recorded (``start --record-steps``)
+RECORDED_SERVER = "benchmarks.xmix_bench.recorded_server"
+
+
 class Server:
     """One ``vllm serve`` started with setsid (its process group id is its pid)."""
 
-    def __init__(self, name: str, port: int, log: str, pid: int):
+    def __init__(self, name: str, port: int, log: str, pid: int, steps_dir: str | None = None):
         self.name, self.port, self.log, self.pid = name, port, log, pid
+        #: the folder its engine steps are recorded in (``start --record-steps``), else None
+        self.steps_dir = steps_dir
         self.proc: subprocess.Popen | None = None
 
     @classmethod
-    def launch(cls, name: str, serving_dir: str, port: int, log: str, args: list[str], env: dict) -> "Server":
-        cmd = common.TOOL + ["vllm", "serve", serving_dir, "--port", str(port), "--host", "127.0.0.1",
-                             "--load-format", "dummy"] + args
+    def launch(cls, name: str, serving_dir: str, port: int, log: str, args: list[str], env: dict,
+               steps_dir: str | None = None) -> "Server":
+        """``steps_dir``: run ``vllm serve`` through :data:`RECORDED_SERVER` (the same arguments),
+        recording its engine steps there (the folder is emptied first)."""
+        serve_args = ["serve", serving_dir, "--port", str(port), "--host", "127.0.0.1", "--load-format", "dummy"]
+        if steps_dir:
+            shutil.rmtree(steps_dir, ignore_errors=True)
+            os.makedirs(steps_dir)
+            env = dict(env, **{engine_steps.ENV: steps_dir})
+            cmd = [sys.executable, "-m", RECORDED_SERVER] + serve_args + args
+        else:
+            cmd = common.TOOL + ["vllm"] + serve_args + args
         with open(log, "w") as f:
             # setsid in the child: the server outlives this command (the next commands run rounds)
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=common.REPO,
                                     preexec_fn=os.setsid)
-        s = cls(name, port, log, proc.pid)
+        s = cls(name, port, log, proc.pid, steps_dir)
         s.proc = proc
         return s
 
     @classmethod
     def from_record(cls, r: dict) -> "Server":
-        return cls(r["name"], r["port"], r["log"], r["pid"])
+        return cls(r["name"], r["port"], r["log"], r["pid"], r.get("steps_dir"))
 
     def record(self) -> dict:
-        return {"name": self.name, "port": self.port, "log": self.log, "pid": self.pid}
+        out = {"name": self.name, "port": self.port, "log": self.log, "pid": self.pid}
+        if self.steps_dir:
+            out["steps_dir"] = self.steps_dir
+        return out
 
     def alive(self) -> bool:
         if self.proc is not None:
@@ -393,7 +419,7 @@ class Server:
                 cmd = f.read().split(b"\0")
         except OSError:
             return False
-        return b"benchmarks.xmix_bench" in cmd and b"serve" in cmd
+        return (b"benchmarks.xmix_bench" in cmd or RECORDED_SERVER.encode() in cmd) and b"serve" in cmd
 
     def healthy(self) -> bool:
         try:
@@ -486,6 +512,9 @@ def start(args, profiler: bool | None = None) -> dict:
           "xmix_env": {k: os.environ[k] for k in _xmix_settings() if k in os.environ},
           "profiler": profiler, "commit": common.git_commit(), "date": common.today(),
           "command": common.command_line(), "servers": {}}
+    record_steps = getattr(args, "record_steps", False)
+    if record_steps:
+        st["record_steps"] = True
     second_args = ["--config", xmix_cfg] if args.second == "xmix" else []
     second_env = dict(os.environ, VLLM_PLUGINS="") if args.second == "plain" else dict(os.environ)
     plans = (("vanilla", args.port, server_args + prof_args.get("vanilla", []), dict(os.environ, VLLM_PLUGINS="")),
@@ -510,7 +539,8 @@ def start(args, profiler: bool | None = None) -> dict:
     launched = []
     try:
         for name, port, sargs, env in plans:
-            s = Server.launch(name, serving, port, os.path.join(out, f"{name}.log"), sargs, env)
+            s = Server.launch(name, serving, port, os.path.join(out, f"{name}.log"), sargs, env,
+                              steps_dir=os.path.join(out, f"steps_{name}") if record_steps else None)
             launched.append(s)
             st["servers"][name] = s.record()
             common.write_json(os.path.join(out, STATE), st)  # a cut start-up still knows what to stop
@@ -571,11 +601,14 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
     parts = server_metrics.MetricsMeter(f"http://127.0.0.1:{server.port}")  # where the TTFT went, by vLLM's metrics
     meter = CpuMeter(server.pid)  # which of the server's processes was busy during the run (after the
     # metrics read, whose rendering is API-server work of its own)
+    steps = engine_steps.StepMeter(server.steps_dir) if server.steps_dir else None  # the run's engine steps
     try:
         res = common.bench_serve(argv)
     finally:
         common.XARGS_CYCLE = None
     res["cpu"] = meter.stop(active_s=res.get("duration"))  # fractions of the benchmark's own duration
+    if steps is not None:
+        res["engine_steps"] = steps.stop(requests=res.get("completed"))
     res["server_metrics"] = parts.stop(expect=res.get("completed"))
     if res.get("completed", n) != n:
         raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
@@ -682,12 +715,15 @@ def rounds(args) -> int:
                       f"{tl.get('ttft_pct_ms', {}).get('p50', float('nan')):.2f} ms  stalls >= {tl.get('stall_ms')} ms: "
                       f"{tl.get('stalls')} ({tl.get('stall_total_ms')} ms, longest {tl.get('stall_max_ms')})  "
                       f"cpu: {cpu_summary(res.get('cpu') or {})}  "
-                      f"vLLM metrics: {server_metrics.summary(res.get('server_metrics') or {})}", flush=True)
+                      f"vLLM metrics: {server_metrics.summary(res.get('server_metrics') or {})}"
+                      + (f"  engine steps: {engine_steps.summary(res['engine_steps'])}" if "engine_steps" in res
+                         else ""), flush=True)
                 if measured:
                     runs.append({"rate": rate, "round": rnd, "config": name, "title": title, "commit": commit,
                                  "date": date, "result": {k: res[k] for k, _, _ in common.SERVE_METRICS},
                                  "timeline": res.get("timeline", {}), "cpu": res.get("cpu", {}),
-                                 "server_metrics": res.get("server_metrics", {})})
+                                 "server_metrics": res.get("server_metrics", {}),
+                                 **({"engine_steps": res["engine_steps"]} if "engine_steps" in res else {})})
                     common.write_json(res_path, runs)  # after every run: a cut command keeps its runs
     if profiled:  # where the time goes: vanilla vs each profiled configuration, same rate and prompts
         rate = rates[0]
@@ -855,6 +891,13 @@ def summarize(runs: list[dict], out_dir: str) -> str:
             if parts:  # where the TTFT went, by vLLM's own per-request metrics
                 lines += [f"TTFT parts at rate {rate} (vLLM's metrics; median over rounds of each run's mean):", ""]
                 lines += parts + [""]
+            steps = engine_steps.table_rows({c: [r["engine_steps"] for r in cur.values() if "engine_steps" in r]
+                                             for c, cur in by_config.items()})
+            if steps:  # the served engine steps of each run (start --record-steps)
+                lines += [f"Engine steps at rate {rate} (recorded in the engine core; median over rounds of each "
+                          "run's median step period, i.e. previous output processed or this step scheduled -> "
+                          "this step's output, and host ms of the scheduler's schedule / update_from_output):", ""]
+                lines += steps + [""]
     text = "\n".join(lines)
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(text)
