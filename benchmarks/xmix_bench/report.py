@@ -213,10 +213,11 @@ def _cells(entries: dict, metrics: tuple, bound: float) -> tuple[dict, list, lis
 
 def _status(verdicts: list, missing: list) -> str:
     failed = list(dict.fromkeys(LABELS[m] for m, v in verdicts if v == "fail"))
-    unsure = list(dict.fromkeys(LABELS[m] for m, v in verdicts if v == "unsure"))
+    unsure = list(dict.fromkeys(LABELS[m] for m, v in verdicts if v == "unsure" and LABELS[m] not in failed))
     if not verdicts:
         return NM
-    s = "missed: " + ", ".join(failed) if failed else "unresolved: " + ", ".join(unsure) if unsure else "met"
+    parts = (["missed: " + ", ".join(failed)] if failed else []) + (["unresolved: " + ", ".join(unsure)] if unsure else [])
+    s = "; ".join(parts) if parts else "met"
     if missing:
         s += f"; {NM}: " + ", ".join(LABELS[m] for m in missing)
     return s
