@@ -192,6 +192,9 @@ def test_step_summary_periods_groups_idle_gap_and_a_full_file(tmp_path):
     approx = pytest.approx
     assert (s["engines"], s["steps"], s["empty_steps"], s["tokens"]) == (2, 6, 1, 648), s
     assert s["period_sum_ms"] == approx(4 + 4 + 6 + 5.1 + 8) and s["window_s"] == approx(1.013 - 0.0015)
+    # from the previous step's t3 to this one's t0 where positive (idle gaps too; a file's first row has none)
+    assert (s["between_ms_median"], s["between_ms_sum"]) == (approx(0.05), approx(979.5 + 0.1)), s
+    assert s["unscheduled_steps"] == 0, s
     assert s["decode"] == approx({"n": 3, "period_ms_median": 5.1, "period_ms_p90": 5.82, "period_ms_mean": 5.0333,
                                   "tokens_median": 3.0, "schedule_ms_median": 0.5, "update_ms_median": 1.0}, abs=1e-3)
     assert (s["mixed_le512"]["n"], s["mixed_le512"]["period_ms_median"], s["mixed_le512"]["tokens_median"]) == (
@@ -216,13 +219,22 @@ def test_step_summary_periods_groups_idle_gap_and_a_full_file(tmp_path):
                               (0.003, 0.003, 0.004, 0.004, 1, 1)], capacity=2)
     assert engine_steps.read_header(w.path) == (2, True, 2)
     f = m.stop()
-    assert f["steps"] == 2 and f["capacity_full"] == ["steps.3.bin"] and "recording stopped" in f["warning"], f
+    assert f["steps"] == 2 and f["capacity_full"] == ["steps.3.bin (2 rows)"] and "recording stopped" in f["warning"], f
     assert "recording stopped" in engine_steps.summary(f)
+
+    # a step whose schedule() the recorder did not see: no period, counted apart
+    uns = tmp_path / "unscheduled"
+    uns.mkdir()
+    m = engine_steps.StepMeter(str(uns))
+    _steps_rows(uns, 4, [(0.0, 0.001, 0.005, 0.006, 1, 1), (float("nan"), float("nan"), 0.010, 0.011, 1, 1)])
+    u = m.stop()
+    assert (u["steps"], u["unscheduled_steps"], u["decode"]["n"]) == (2, 1, 1), u
+    assert u["period_sum_ms"] == approx(5.0) and u["window_s"] == approx(0.011), u
 
 
 def test_step_recorder_forgets_its_file_in_a_forked_child(tmp_path):
-    """A process forked from one that records (vLLM forks its engine core by default) writes a
-    file of its own, under its own pid, at its first row."""
+    """A process forked from one that records (vLLM's engine core with
+    VLLM_WORKER_MULTIPROC_METHOD=fork) writes a file of its own, under its own pid, at its first row."""
     from benchmarks.xmix_bench import engine_steps
 
     assert engine_steps._open_writer(str(tmp_path)) is not None
@@ -328,3 +340,29 @@ def test_recorded_server_records_every_engine_step_of_its_engine_core(tiny_llama
         time.sleep(1.0)
         idle = meter.stop()
         assert idle["error"].startswith("no engine steps recorded (no row added"), idle
+
+        # the benchmark client's ready check (one whole request of its own, before the measured
+        # ones) is not the run's: serve.bench counts the steps from its end
+        import asyncio
+
+        import aiohttp
+        import vllm.benchmarks.serve as bench_mod
+        from vllm.benchmarks.lib.endpoint_request_func import ASYNC_REQUEST_FUNCS, RequestFuncInput
+
+        from benchmarks.xmix_bench import serve
+
+        async def ready_check():
+            async with aiohttp.ClientSession() as session:
+                probe = RequestFuncInput(prompt=[16] + list(range(600, 624)), api_url=f"{url}/v1/completions",
+                                         prompt_len=25, output_len=5, model=tiny_llama, ignore_eos=True)
+                out = await bench_mod.wait_for_endpoint(ASYNC_REQUEST_FUNCS["vllm"], probe, session, timeout_seconds=60)
+                assert out.success, out.error
+
+        meter = engine_steps.StepMeter(str(steps))
+        with serve._steps_after_ready_check(meter):
+            asyncio.run(ready_check())
+            assert _stream(url, tiny_llama, [17] + list(range(700, 711)), 3) == (12, 3)
+        run = meter.stop(requests=1)
+        assert run["tokens"] == 12 + 3 - 1, run  # not the ready check's 25 + 5 - 1 as well
+        assert bench_mod.wait_for_endpoint.__name__ == "wait_for_endpoint" and not hasattr(
+            bench_mod.wait_for_endpoint, "__wrapped__") and bench_mod.wait_for_endpoint.__module__.endswith("ready_checker")

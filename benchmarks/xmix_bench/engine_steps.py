@@ -29,9 +29,10 @@ measured on a CPU is in benchmarks/README.md).
 
 With the plugin loaded, the plugin wraps ``Scheduler.update_from_output`` too (its read values
 and triggers, ``vllm_xmix/_vllm_compat/scheduler.py``), in the engine core after this recorder:
-its wrapper sits outside the recorder's, so ``t3 - t2`` is vLLM's own update alone, and the
-plugin's work around it falls between one step's ``t3`` and the next step's ``t2`` (it is in
-the next step's period, below, not in any update time).
+its wrapper sits outside the recorder's, so ``t3 - t2`` is vLLM's own update alone (and ``t2``
+comes after the plugin's work before it), and the plugin's work around it falls between one
+step's ``t3`` and the next step's ``t2``: under async scheduling in the next step's period
+(below), without it in the time between steps (``between``), never in an update time.
 
 **Reading** (:class:`StepMeter`, in the benchmark's process): the rows count of every
 ``steps.*.bin`` in the folder at construction, the rows added since at :meth:`StepMeter.stop`,
@@ -40,9 +41,15 @@ and :func:`summarize` of them:
 * a step's **period** = ``t2(k) - max(t3(k-1), t0(k))`` (ms): from the previous step's output
   being processed, or from this step being scheduled if that came later, to this step's output
   arriving. Under vLLM's async scheduling (a batch queue of 2) step k is scheduled before step
-  k-1's output is handled, so this is the time step k held the pipeline; without it (and after
-  an idle gap) it is the schedule-to-output latency. The periods of consecutive steps add up to
-  the time the engine was busy stepping;
+  k-1's output is handled, so this is the time step k held the pipeline, and the periods of
+  consecutive steps add up to the time the engine was busy stepping. Without it (vLLM's
+  ``EngineCore.step``: CPU builds, or async scheduling off), and after an idle gap, it is the
+  schedule-to-output latency, and the engine core's work from one step's ``t3`` to the next
+  one's ``t0`` (sending outputs, taking new requests, the plugin's work after vLLM's update) is
+  in no period: ``between_ms_median`` / ``between_ms_sum`` give it (``max(0, t0(k) - t3(k-1))``,
+  idle gaps included);
+* a step whose ``schedule()`` the recorder did not see (``t0``, ``t1`` NaN) has no period and is
+  counted apart (``unscheduled_steps``);
 * groups: ``decode`` (tokens == requests: one token per request; with speculative decoding a
   decode step counts as mixed), ``mixed_le512`` (tokens > requests, tokens <= 512: the
   CUDA-graph range of vLLM's default capture sizes), ``mixed_gt512`` (tokens > 512), and steps
@@ -117,6 +124,8 @@ _writer: StepWriter | None = None
 _failed = False
 #: id(SchedulerOutput) -> (t0, t1), from schedule() until update_from_output() of that output
 _scheduled: dict[int, tuple[float, float]] = {}
+#: t0, t1 of a step whose schedule() the recorder did not see: NaN (no period, counted apart)
+_UNSCHEDULED = (float("nan"), float("nan"))
 
 
 def _forget_writer() -> None:
@@ -166,7 +175,7 @@ def install() -> bool:
         t2 = perf()
         outs = orig_update(self, scheduler_output, model_runner_output)
         t3 = perf()
-        t0, t1 = scheduled.pop(id(scheduler_output), (t2, t2))  # (not scheduled through the wrapper)
+        t0, t1 = scheduled.pop(id(scheduler_output), _UNSCHEDULED)  # (not scheduled through the wrapper)
         w = _writer
         if w is None:
             if _failed:
@@ -233,25 +242,33 @@ def summarize(blocks: list[tuple[object, object]]) -> dict:
     group). Steps are in the module docstring's terms."""
     import numpy as np
 
-    rows, periods, engines = [], [], 0
+    rows, periods, betweens, engines = [], [], [], 0
     for r, prev in blocks:
         r = np.asarray(r, dtype=float).reshape(-1, 6)
         if not len(r):
             continue
         engines += 1
-        prev_t3 = np.concatenate([[-np.inf if prev is None else float(prev[3])], r[:-1, 3]])
-        periods.append(r[:, 2] - np.maximum(prev_t3, r[:, 0]))
+        prev_t3 = np.concatenate([[np.nan if prev is None else float(prev[3])], r[:-1, 3]])
+        # (fmax: the first step of a file has no previous one; a NaN t0, a step not seen scheduled, stays NaN)
+        periods.append(r[:, 2] - np.where(np.isnan(r[:, 0]), np.nan, np.fmax(prev_t3, r[:, 0])))
+        betweens.append(np.clip(r[:, 0] - prev_t3, 0.0, None))
         rows.append(r)
     if not rows:
         return {"engines": 0, "steps": 0}
-    r, period = np.concatenate(rows), np.concatenate(periods)
+    r, period, between = np.concatenate(rows), np.concatenate(periods), np.concatenate(betweens)
     tokens, reqs = r[:, 4], r[:, 5]
     sched, upd = r[:, 1] - r[:, 0], r[:, 3] - r[:, 2]
-    busy = tokens > 0
-    out = {"engines": engines, "steps": int(len(r)), "empty_steps": int((~busy).sum()), "tokens": int(tokens.sum()),
-           "period_sum_ms": _ms(period[busy].sum()), "window_s": round(float(r[:, 3].max() - r[:, 0].min()), 4),
+    known = ~np.isnan(r[:, 0])
+    busy = (tokens > 0) & known
+    gap = between[busy & ~np.isnan(between)]
+    out = {"engines": engines, "steps": int(len(r)), "empty_steps": int((tokens <= 0).sum()),
+           "unscheduled_steps": int((~known).sum()), "tokens": int(tokens.sum()),
+           "period_sum_ms": _ms(period[busy].sum()),
+           "window_s": round(float(np.nanmax(r[:, 3]) - np.nanmin(np.where(known, r[:, 0], r[:, 2]))), 4),
            "schedule_ms_median": _ms(np.median(sched[busy])) if busy.any() else None,
-           "update_ms_median": _ms(np.median(upd[busy])) if busy.any() else None}
+           "update_ms_median": _ms(np.median(upd[busy])) if busy.any() else None,
+           "between_ms_median": _ms(np.median(gap)) if gap.size else None,
+           "between_ms_sum": _ms(gap.sum())}
     decode = busy & (tokens == reqs)
     mixed = busy & (tokens > reqs)
     for name, sel in (("decode", decode), ("mixed_le512", mixed & (tokens <= GRAPH_TOKENS)),
@@ -277,8 +294,13 @@ class StepMeter:
 
     def __init__(self, record_dir: str):
         self.dir = record_dir
+        self.restart()
+
+    def restart(self) -> None:
+        """Count from now: the steps recorded so far are left out (e.g. a benchmark client's
+        ready-check request before the measured ones)."""
         self.start: dict[str, int] = {}
-        for path in _files(record_dir):
+        for path in _files(self.dir):
             try:
                 self.start[path] = read_header(path)[0]
             except (OSError, ValueError):
@@ -302,7 +324,7 @@ class StepMeter:
             if count < a:  # a new file under the same name (a restarted engine core with that pid)
                 a = 0
             if is_full:
-                full.append(os.path.basename(path))
+                full.append(f"{os.path.basename(path)} ({capacity} rows)")
             if count > a:
                 prev = read_rows(path, a - 1, a)[0] if a > 0 else None
                 blocks.append((read_rows(path, a, count), prev))
@@ -315,8 +337,8 @@ class StepMeter:
             out = {"error": f"no engine steps recorded ({why})"}
         if full:
             out["capacity_full"] = full
-            out["warning"] = (f"step file(s) {', '.join(full)} reached {CAPACITY} rows: recording stopped there, "
-                              f"later steps are missing")
+            out["warning"] = (f"step file(s) {', '.join(full)} full: recording stopped there, later steps are "
+                              f"missing")
         return out
 
 
@@ -328,7 +350,7 @@ def summary(s: dict) -> str:
     if not s:
         return "not recorded"
     if "error" in s:
-        return s["error"]
+        return s["error"] + (f"; {s['warning']}" if s.get("warning") else "")
     parts = []
     for name, label in (("decode", "decode"), ("mixed_le512", "mixed<=512"), ("mixed_gt512", "mixed>512")):
         g = s.get(name) or {"n": 0}

@@ -4,10 +4,11 @@ serve`` (run from the repository's root, with ``XMIX_STEP_RECORD_DIR`` set; ``se
 --record-steps`` starts its servers so).
 
 The wrappers go in at import, before vLLM's command line runs, so the engine-core process gets
-them either way vLLM starts it: forked (vLLM's default, ``VLLM_WORKER_MULTIPROC_METHOD=fork``),
-it inherits the wrapped class; spawned (vLLM forces spawn where CUDA is already initialized in
-the API server, and always on a CPU), ``multiprocessing`` runs this module again in the child
-as ``__mp_main__`` (a ``-m`` main module is re-imported by name), which installs them there.
+them either way vLLM starts it: spawned (what ``vllm serve`` sets up when
+``VLLM_WORKER_MULTIPROC_METHOD`` is unset, and what vLLM forces where CUDA is already
+initialized), ``multiprocessing`` runs this module again in the child as ``__mp_main__`` (a
+``-m`` main module is re-imported by name), which installs them there before vLLM loads its
+plugins; forked (``VLLM_WORKER_MULTIPROC_METHOD=fork``), the child inherits the wrapped class.
 With the plugin, its own wrapper of ``Scheduler.update_from_output`` is installed later, when
 vLLM loads plugins, so it sits outside the recorder's (``engine_steps``' docstring)."""
 

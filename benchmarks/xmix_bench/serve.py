@@ -81,6 +81,7 @@ With one round a ratio's interval is the point itself.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -603,7 +604,8 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
     # metrics read, whose rendering is API-server work of its own)
     steps = engine_steps.StepMeter(server.steps_dir) if server.steps_dir else None  # the run's engine steps
     try:
-        res = common.bench_serve(argv)
+        with _steps_after_ready_check(steps):
+            res = common.bench_serve(argv)
     finally:
         common.XARGS_CYCLE = None
     res["cpu"] = meter.stop(active_s=res.get("duration"))  # fractions of the benchmark's own duration
@@ -614,6 +616,31 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
         raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
     res["timeline"] = timeline(res)
     return res
+
+
+@contextlib.contextmanager
+def _steps_after_ready_check(steps):
+    """While ``vllm bench serve`` runs: ``steps`` (an :class:`engine_steps.StepMeter`, or None)
+    counts from the end of the client's ready check, which first sends one whole request alone
+    (the full output length with ``--ignore-eos``: a mixed step and ``output_len - 1`` decode steps
+    at batch 1 that are not the run's)."""
+    if steps is None:
+        yield
+        return
+    import vllm.benchmarks.serve as bench_mod
+
+    orig = bench_mod.wait_for_endpoint
+
+    async def wait_for_endpoint(*args, **kwargs):
+        out = await orig(*args, **kwargs)
+        steps.restart()
+        return out
+
+    bench_mod.wait_for_endpoint = wait_for_endpoint
+    try:
+        yield
+    finally:
+        bench_mod.wait_for_endpoint = orig
 
 
 def timeline(res: dict, stall_ms: float = 20.0) -> dict:
