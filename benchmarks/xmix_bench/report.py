@@ -298,7 +298,7 @@ def render(data: dict) -> str:
     out = ["Latest measurement per budget line against plain vLLM 0.26 (the plugin not loaded) on one H200, "
            "bf16, dummy weights: the median ratio over rounds, [min, max] over rounds where there were several. "
            "Status: met / missed (the whole range inside / outside the bound) / unresolved (the range straddles "
-           "it); latency at the latest finite request rate, throughput at saturation. The calibration row, "
+           "it, or a single round inside it is all there is); latency at the latest finite request rate, throughput at saturation. The calibration row, "
            "where measured, is a second plain vLLM server measured the same way beside the lines: how far "
            "two plain servers lie apart, the noise floor the lines are read against; the row of the plugin "
            "loaded with nothing deployed, where measured, what its patches cost without a deployment.", ""]
