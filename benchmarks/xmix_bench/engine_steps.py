@@ -79,7 +79,8 @@ ROW = struct.Struct("<6d")
 _I64 = struct.Struct("<q")
 #: the largest token count of the ``mixed_le512`` group (vLLM's default CUDA-graph sizes end there)
 GRAPH_TOKENS = 512
-GROUPS = ("decode", "mixed_le512", "mixed_gt512")
+#: the step groups of a summary and their labels in the printed line
+GROUPS = {"decode": "decode", "mixed_le512": "mixed<=512", "mixed_gt512": "mixed>512"}
 
 
 def step_file(record_dir: str, pid: int | None = None) -> str:
@@ -271,8 +272,9 @@ def summarize(blocks: list[tuple[object, object]]) -> dict:
            "between_ms_sum": _ms(gap.sum())}
     decode = busy & (tokens == reqs)
     mixed = busy & (tokens > reqs)
-    for name, sel in (("decode", decode), ("mixed_le512", mixed & (tokens <= GRAPH_TOKENS)),
-                      ("mixed_gt512", mixed & (tokens > GRAPH_TOKENS))):
+    sels = {"decode": decode, "mixed_le512": mixed & (tokens <= GRAPH_TOKENS), "mixed_gt512": mixed & (tokens > GRAPH_TOKENS)}
+    for name in GROUPS:
+        sel = sels[name]
         n = int(sel.sum())
         if not n:
             out[name] = {"n": 0}
@@ -352,7 +354,7 @@ def summary(s: dict) -> str:
     if "error" in s:
         return s["error"] + (f"; {s['warning']}" if s.get("warning") else "")
     parts = []
-    for name, label in (("decode", "decode"), ("mixed_le512", "mixed<=512"), ("mixed_gt512", "mixed>512")):
+    for name, label in GROUPS.items():
         g = s.get(name) or {"n": 0}
         parts.append(f"{label} {g['period_ms_median']:.2f} ms (n {g['n']})" if g["n"] else f"{label} - (n 0)")
     line = ", ".join(parts)
