@@ -15,14 +15,17 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from benchmarks.xmix_bench.server_metrics import difference, parse, table_rows  # noqa: E402
+from benchmarks.xmix_bench.server_metrics import difference, e2e_rows, parse, table_rows  # noqa: E402
 
 
-def exposition(ttft, queue, prefill, steps, hits, engines=2) -> str:
+def exposition(ttft, queue, prefill, steps, hits, engines=2, decode=None, e2e=None) -> str:
     """vLLM-style text: each (sum, count) split evenly over ``engines`` label sets."""
     out = []
-    for fam, (s, n) in (("vllm:time_to_first_token_seconds", ttft), ("vllm:request_queue_time_seconds", queue),
-                        ("vllm:request_prefill_time_seconds", prefill), ("vllm:iteration_tokens_total", steps)):
+    fams = [("vllm:time_to_first_token_seconds", ttft), ("vllm:request_queue_time_seconds", queue),
+            ("vllm:request_prefill_time_seconds", prefill), ("vllm:iteration_tokens_total", steps)]
+    fams += [(f, v) for f, v in (("vllm:request_decode_time_seconds", decode),
+                                 ("vllm:e2e_request_latency_seconds", e2e)) if v is not None]
+    for fam, (s, n) in fams:
         out += [f"# HELP {fam} x", f"# TYPE {fam} histogram"]
         for e in range(engines):
             lab = f'engine="{e}",model_name="m"'
@@ -45,6 +48,30 @@ def test_a_runs_ttft_splits_into_front_end_queue_and_prefill():
     assert abs(d["step_tokens_mean"] - 30.0) < 1e-6
     assert d["prefix_cache_hits"] == 32
     assert "e2e_ms" not in d and "preemptions" not in d  # not in the text: not reported as 0
+
+
+def test_a_requests_whole_time_splits_into_the_engine_cores_part_and_the_front_ends():
+    # the run: 4 requests of e2e 2.0 s each: queued 0.5 s, prefill 0.1 s, decode 1.2 s in the
+    # engine core (1.8 s), so 0.2 s at the API server's ends
+    before = parse(exposition((1.0, 10), (0.1, 10), (0.5, 10), (4000, 100), 0, decode=(3.0, 10), e2e=(5.0, 10)))
+    after = parse(exposition((3.6, 14), (2.1, 14), (0.9, 14), (5500, 150), 0, decode=(7.8, 14), e2e=(13.0, 14)))
+    d = difference(before, after)
+    assert abs(d["decode_ms"] - 1200.0) < 1e-6 and abs(d["e2e_ms"] - 2000.0) < 1e-6
+    assert abs(d["engine_ms"] - 1800.0) < 1e-6
+    assert abs(d["front_end_total_ms"] - 200.0) < 1e-6
+    # runs recorded before the split was (their means and counts only) get it too
+    old = {k: v for k, v in d.items() if k not in ("engine_ms", "front_end_total_ms")}
+    rows = e2e_rows({"vanilla": [old], "probe_one": [{**d, "e2e_ms": 2700.0}, {**d, "e2e_ms": 2500.0},
+                                                     {**d, "e2e_ms": 1900.0}]},
+                    {"vanilla": [96.5], "probe_one": [150.0, 140.0]})
+    assert rows[0].startswith("| config | e2e (ms) |") and rows[0].endswith("API server CPU per output token (us) |")
+    assert rows[2] == "| vanilla | 2000.0 | 1800.0 | 1200.0 | 200.0 | 96.5 |"
+    assert rows[3] == "| probe_one | 2500.0 | 1800.0 | 1200.0 | 700.0 | 145.0 |"  # medians over the runs
+    # a decode count of other requests (a request still decoding when read) gives no split
+    odd = difference(before, parse(exposition((3.6, 14), (2.1, 14), (0.9, 14), (5500, 150), 0, decode=(7.8, 13),
+                                              e2e=(13.0, 14))))
+    assert "engine_ms" not in odd and "front_end_total_ms" not in odd
+    assert e2e_rows({"vanilla": [odd]}) == []
 
 
 def test_no_new_requests_gives_no_means_and_the_table_says_so():
@@ -126,6 +153,23 @@ def test_saturation_counts_another_process_cpu_by_pid_across_a_name_change():
     assert cpu_delta(a, b, 0.5) == {"host_busy_cores": 3.0, "other_procs_cpu_s": {"7:kworker/0:0-mm_percpu_wq": 0.5,
                                                                                   "9:new": 0.2},
                                     "cpu": 1, "cpu_mhz": 2600.0}
+
+
+def test_saturation_reads_the_time_stolen_from_the_host_and_from_the_engine_threads_cpu():
+    """A virtual machine's CPU can be "busy" with its thread making no progress: the hypervisor
+    ran something else (steal). The host's stolen cores and the share stolen from the CPU the
+    engine's thread ran on, from two readings of /proc/stat; this machine's own /proc/stat
+    parses into them."""
+    from benchmarks.xmix_bench.saturation import cpu_delta, host_cpu
+
+    a = {"host_busy_s": 10.0, "host_steal_s": 4.0, "cpu_steal_s": {0: 1.0, 3: 2.0}, "procs": {}}
+    b = {"host_busy_s": 12.0, "host_steal_s": 4.6, "cpu_steal_s": {0: 1.1, 3: 2.25}, "procs": {}, "cpu": 3}
+    d = cpu_delta(a, b, 0.5)
+    assert d["steal_cores"] == 1.2 and d["cpu_steal"] == 0.5 and d["host_busy_cores"] == 4.0
+    assert "cpu_steal" not in cpu_delta(a, {**b, "cpu": 7}, 0.5)  # a CPU not in the readings
+    if os.path.exists("/proc/stat"):
+        h = host_cpu()
+        assert h["host_steal_s"] >= 0 and set(h["cpu_steal_s"]) >= set(os.sched_getaffinity(0)), h.keys()
 
 
 @pytest.mark.one_version

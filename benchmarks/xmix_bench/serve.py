@@ -748,6 +748,7 @@ def rounds(args) -> int:
                 if measured:
                     runs.append({"rate": rate, "round": rnd, "config": name, "title": title, "commit": commit,
                                  "date": date, "result": {k: res[k] for k, _, _ in common.SERVE_METRICS},
+                                 "output_tokens": res.get("total_output_tokens"),
                                  "timeline": res.get("timeline", {}), "cpu": res.get("cpu", {}),
                                  "server_metrics": res.get("server_metrics", {}),
                                  **({"engine_steps": res["engine_steps"]} if "engine_steps" in res else {})})
@@ -918,6 +919,14 @@ def summarize(runs: list[dict], out_dir: str) -> str:
             if parts:  # where the TTFT went, by vLLM's own per-request metrics
                 lines += [f"TTFT parts at rate {rate} (vLLM's metrics; median over rounds of each run's mean):", ""]
                 lines += parts + [""]
+            e2e = server_metrics.e2e_rows({c: [r.get("server_metrics") or {} for r in cur.values()]
+                                           for c, cur in by_config.items()},
+                                          {c: [v for v in map(_api_us_per_token, cur.values()) if v is not None]
+                                           for c, cur in by_config.items()})
+            if e2e:  # a request's whole time: the engine core's part and the API server's, at both ends
+                lines += [f"Request time at rate {rate} (vLLM's metrics; median over rounds of each run's mean; the "
+                          "engine core's part by its own timestamps, the front end's the rest of e2e):", ""]
+                lines += e2e + [""]
             steps = engine_steps.table_rows({c: [r["engine_steps"] for r in cur.values() if "engine_steps" in r]
                                              for c, cur in by_config.items()})
             if steps:  # the served engine steps of each run (start --record-steps)
@@ -934,6 +943,13 @@ def summarize(runs: list[dict], out_dir: str) -> str:
     except Exception as e:  # the numbers matter more than the picture
         print("plot not written:", e, file=sys.stderr)
     return text
+
+
+def _api_us_per_token(run: dict) -> float | None:
+    """A run's API-server CPU time per output token (us), or None where the run lacks either."""
+    cpu_s = ((run.get("cpu") or {}).get("api_server") or {}).get("cpu_s")
+    tokens = run.get("output_tokens")
+    return cpu_s * 1e6 / tokens if cpu_s is not None and tokens else None
 
 
 def _plot(plot: dict, path: str, title: str) -> None:

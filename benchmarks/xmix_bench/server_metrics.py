@@ -75,8 +75,14 @@ def difference(before: dict[str, float], after: dict[str, float]) -> dict:
     """The run's share of two :func:`parse` results: per histogram key of :data:`HISTOGRAMS`
     its mean (``<key>_ms``, ms; ``step_tokens``: tokens) and count (``<key>_n``), the
     ``front_end_ms`` part of TTFT (mean TTFT - mean queue - mean prefill, when all three were
-    recorded for the same number of requests), and each counter's increase. A histogram without
-    new observations is left out."""
+    recorded for the same number of requests), the split of a request's whole time (when e2e,
+    queue, prefill and decode were recorded for the same requests): ``engine_ms`` (mean queue +
+    prefill + decode: from the engine core having the request to its last token, by the engine
+    core's timestamps) and ``front_end_total_ms`` (mean e2e - ``engine_ms``: the API server's part
+    at both ends, the input processing and the trip to the engine core before, the last
+    output's processing after; under load, the wait of the outputs of earlier steps for the
+    API server's event loop), and each counter's increase. A histogram without new observations
+    is left out."""
     out: dict = {}
     for key, fam in HISTOGRAMS.items():
         n = after.get(fam + "_count", 0.0) - before.get(fam + "_count", 0.0)
@@ -88,10 +94,22 @@ def difference(before: dict[str, float], after: dict[str, float]) -> dict:
         out[f"{key}_n"] = int(round(n))
     if all(f"{k}_n" in out for k in ("ttft", "queue", "prefill")) and out["ttft_n"] == out["queue_n"] == out["prefill_n"]:
         out["front_end_ms"] = round(out["ttft_ms"] - out["queue_ms"] - out["prefill_ms"], 4)
+    out.update(whole_time_split(out))
     for key, fam in COUNTERS.items():
         if fam in after:
             out[key] = int(round(after[fam] - before.get(fam, 0.0)))
     return out
+
+
+def whole_time_split(parts: dict) -> dict:
+    """``engine_ms`` and ``front_end_total_ms`` of a run's :func:`difference` (see there) from its
+    e2e, queue, prefill and decode means, when all four were recorded for the same number of
+    requests; else {}."""
+    counts = [parts.get(f"{k}_n") for k in ("e2e", "queue", "prefill", "decode")]
+    if None in counts or len(set(counts)) != 1:
+        return {}
+    engine = round(parts["queue_ms"] + parts["prefill_ms"] + parts["decode_ms"], 4)
+    return {"engine_ms": engine, "front_end_total_ms": round(parts["e2e_ms"] - engine, 4)}
 
 
 class MetricsMeter:
@@ -142,6 +160,35 @@ def summary(parts: dict) -> str:
 TABLE = [("ttft_ms", "TTFT (ms)"), ("front_end_ms", "front end (ms)"), ("queue_ms", "queue (ms)"),
          ("prefill_ms", "prefill (ms)"), ("step_tokens_mean", "tokens per step"),
          ("prefix_cache_hits", "prefix-cache hit tokens")]
+
+
+#: summary.md's columns of the request-time table: (key in :func:`difference`, header)
+E2E_TABLE = [("e2e_ms", "e2e (ms)"), ("engine_ms", "engine core: queue + prefill + decode (ms)"),
+             ("decode_ms", "decode (ms)"), ("front_end_total_ms", "front end, both ends (ms)")]
+
+
+def e2e_rows(by_config: dict[str, list[dict]], api_us_per_token: dict[str, list[float]] | None = None) -> list[str]:
+    """Markdown rows (with header) of where a request's whole time went, per configuration: the
+    median over its runs of :data:`E2E_TABLE`'s means, and (``api_us_per_token``: configuration
+    -> per run) the API server's CPU microseconds per output token; [] when no run has the split."""
+    import numpy as np
+
+    by_config = {c: [{**p, **whole_time_split(p)} for p in runs] for c, runs in by_config.items()}  # (older runs)
+    if not any("engine_ms" in p for runs in by_config.values() for p in runs):
+        return []
+    api = api_us_per_token or {}
+    with_api = any(api.values())
+    head = [h for _, h in E2E_TABLE] + (["API server CPU per output token (us)"] if with_api else [])
+    rows = ["| config | " + " | ".join(head) + " |", "|---" * (1 + len(head)) + "|"]
+    for c, runs in by_config.items():
+        cells = []
+        for key, _ in E2E_TABLE:
+            xs = [p[key] for p in runs if key in p]
+            cells.append(f"{np.median(xs):.1f}" if xs else "-")
+        if with_api:
+            cells.append(f"{np.median(api[c]):.1f}" if api.get(c) else "-")
+        rows.append(f"| {c} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def table_rows(by_config: dict[str, list[dict]]) -> list[str]:
