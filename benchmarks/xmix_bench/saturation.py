@@ -101,13 +101,20 @@ def host_cpu() -> dict:
     """The machine around this process: busy CPU seconds of the whole host (``/proc/stat``, every
     core, all but idle and iowait), each other process's CPU seconds (``/proc/<pid>/stat``, user +
     system, pid -> (comm, s)), the CPU this thread last ran on and that CPU's current clock
-    (``/proc/cpuinfo``, MHz; absent where the file has none). Linux only; empty elsewhere."""
+    (``/proc/cpuinfo``, MHz; absent where the file has none), and the *steal* seconds of the
+    host and of each CPU (``/proc/stat``'s eighth column: time a virtual machine's CPU was ready
+    to run but its hypervisor ran something else; there a thread is "on a CPU" and makes no
+    progress). Linux only; empty elsewhere."""
     out: dict = {}
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     try:
         with open("/proc/stat") as fh:
-            f = [int(x) for x in fh.readline().split()[1:]]
+            lines = [ln.split() for ln in fh if ln.startswith("cpu")]
+        f = [int(x) for x in lines[0][1:]]
         out["host_busy_s"] = (sum(f) - f[3] - (f[4] if len(f) > 4 else 0)) / tick
+        if len(f) > 7:
+            out["host_steal_s"] = f[7] / tick
+            out["cpu_steal_s"] = {int(ln[0][3:]): int(ln[8]) / tick for ln in lines[1:] if len(ln) > 8}
     except (OSError, ValueError, IndexError):
         return out
     procs = {}
@@ -142,10 +149,16 @@ def host_cpu() -> dict:
 def cpu_delta(a: dict, b: dict, wall: float) -> dict:
     """What :func:`host_cpu` readings ``a`` then ``b``, ``wall`` seconds apart, say: the host's
     busy cores on average, the five other processes that took the most CPU seconds, this thread's
-    CPU and clock at the end."""
+    CPU and clock at the end, the host's stolen cores on average (``steal_cores``) and the share
+    of the time stolen from the CPU this thread ran on at the end (``cpu_steal``)."""
     out: dict = {}
     if "host_busy_s" in a and "host_busy_s" in b and wall > 0:
         out["host_busy_cores"] = round((b["host_busy_s"] - a["host_busy_s"]) / wall, 2)
+    if "host_steal_s" in a and "host_steal_s" in b and wall > 0:
+        out["steal_cores"] = round((b["host_steal_s"] - a["host_steal_s"]) / wall, 3)
+        cpu = b.get("cpu")
+        if cpu in a.get("cpu_steal_s", {}) and cpu in b.get("cpu_steal_s", {}):
+            out["cpu_steal"] = round((b["cpu_steal_s"][cpu] - a["cpu_steal_s"][cpu]) / wall, 3)
     pa, pb = a.get("procs", {}), b.get("procs", {})
     # by pid (a kernel worker's name changes with the work it does); a process that started
     # between the readings counts all its CPU time
@@ -307,6 +320,8 @@ def report(r: dict) -> str:
                      f"frame callback {h['after_steps']['eval_frame_callback']}; host busy cores "
                      f"{host.get('host_busy_cores', float('nan')):.2f}, other processes' CPU s: {others or '-'}; "
                      f"CPU {host.get('cpu', '?')} at {host.get('cpu_mhz', float('nan')):.0f} MHz; "
+                     f"stolen: {host.get('steal_cores', float('nan')):.3f} of the host's cores, "
+                     f"{host.get('cpu_steal', float('nan')):.1%} of that CPU's time; "
                      f"steps min / max {min(e['step_ms'], default=float('nan')):.1f} / "
                      f"{max(e['step_ms'], default=float('nan')):.1f} ms")
     return "\n".join(lines)
