@@ -1,0 +1,23 @@
+#!/bin/bash
+# poll.sh MARKER SECONDS: wait until the plan's log (/root/run.out) has the line MARKER (or
+# ALLDONE), at most SECONDS, then pack what the plan has written into one file, $OUT/plan.tgz
+# (the device tool brings back only a few files per command): /root/res whole, and of each
+# server folder under /root/xmix-serve the small files and the last 4 kB of each server log.
+W=$1; T=${2:-540}
+end=$((SECONDS + T))
+while [ $SECONDS -lt $end ]; do
+  grep -qx "$W" /root/run.out 2>/dev/null && break
+  grep -qx "ALLDONE" /root/run.out 2>/dev/null && break
+  sleep 4
+done
+echo "== waited $SECONDS s for $W"; tail -c 3000 /root/run.out
+P=$(mktemp -d)
+mkdir -p "$P/res" && cp -r /root/res/. "$P/res/" 2>/dev/null
+cp /root/run.out "$P/" 2>/dev/null
+for S in /root/xmix-serve/*/; do
+  [ -d "$S" ] || continue
+  n=$(basename "$S"); mkdir -p "$P/serve/$n"
+  cp "$S"/{results.json,servers.json,latest.json,summary.md} "$P/serve/$n/" 2>/dev/null
+  for log in "$S"/*.log; do [ -f "$log" ] && tail -c 4000 "$log" > "$P/serve/$n/$(basename "$log").tail"; done
+done
+tar czf "$OUT/plan.tgz" -C "$P" . && rm -rf "$P" && ls -la "$OUT/plan.tgz"

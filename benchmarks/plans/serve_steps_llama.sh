@@ -1,0 +1,27 @@
+#!/bin/bash
+# Llama-3.1-8B served rounds with recorded engine steps and a second plain server (A/A control):
+# rate 16 (2 rounds) and saturation (3 rounds); with SATDIAG=1 first the in-process saturation
+# health of four engines (~8 min more). Markers: SATDIAG UP R16 SAT DONE ALLDONE. See README.md.
+cd "${XMIX_REPO:?}" || exit 1
+source /root/xmix-env.sh
+R=/root/res; S=/root/xmix-serve/llama; mkdir -p $R $S
+B="python3 -m benchmarks.xmix_bench"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
+if [ "${SATDIAG:-0}" = 1 ]; then
+  $B profile saturation --engines xmix,plain,empty,xmix@VLLM_XMIX_GRAPH_VARIANTS=onoff --json $R/saturation.json \
+    > $R/saturation.log 2>&1; echo "rc=$?"
+fi
+echo SATDIAG
+$B serve start --model benchmarks/models/llama31_8b --out $S --latest $S/latest.json --gpu-mem 0.3 --control \
+  --record-steps > $R/start.log 2>&1; echo "rc=$?"
+echo UP
+$B serve rounds --out $S --latest $S/latest.json --rates 16 --num-prompts 400 --warmup 1 --warmup-prompts 60 \
+  --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 \
+  --configs aa_plain,inactive,steer_all,probe_one > $R/r16.log 2>&1; echo "rc=$?"
+echo R16
+$B serve rounds --out $S --latest $S/latest.json --rates inf --num-prompts 1000 --warmup 1 --warmup-prompts 200 \
+  --repeats 3 --configs aa_plain,inactive,steer_all,probe_one,all_apps > $R/sat.log 2>&1; echo "rc=$?"
+echo SAT
+$B serve stop --out $S > $R/stop.log 2>&1
+echo DONE
+echo ALLDONE
