@@ -126,6 +126,10 @@ def test_norm_call_times_a_norm_that_hosts_sites():
 
     r = norm_call(tokens=4, calls=200, repeats=1)
     assert r["hosted_us"][0] > 0 and r["direct_us"][0] > 0, r
+    assert not r["on"] and r["sites_on"] == 0 and r["device"] == "cpu"
+    # --on: the norm's sites have plans to apply (the timing is of the writes, not a no-op)
+    r = norm_call(tokens=4, calls=50, repeats=1, on=True)
+    assert r["on"] and r["sites_on"] >= 1 and r["hosted_us"][0] > 0, r
 
 
 def test_stream_cost_times_every_chunk_and_the_decode_chunks_apart():

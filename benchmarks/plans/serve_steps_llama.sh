@@ -1,7 +1,7 @@
 #!/bin/bash
 # Llama-3.1-8B served rounds with recorded engine steps and a second plain server (A/A control):
 # rate 16 (2 rounds) and saturation (3 rounds); with SATDIAG=1 first the in-process saturation
-# health of four engines (~8 min more). Markers: SATDIAG UP R16 SAT DONE ALLDONE. See README.md.
+# health of four engines (~8 min more). Markers: SATDIAG NORM UP R16 SAT DONE ALLDONE. See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
 R=/root/res; S=/root/xmix-serve/llama; mkdir -p $R $S
@@ -12,6 +12,12 @@ if [ "${SATDIAG:-0}" = 1 ]; then
     > $R/saturation.log 2>&1; echo "rc=$?"
 fi
 echo SATDIAG
+# the host time of a hosted norm per call, apps off and with its sites' writes on (the fused
+# Triton kernel's launch), against vLLM's kernel: what each of 31 norms costs in a step above
+# the largest CUDA graph (~1 min)
+$B profile norm-call --json $R/norm_off.json > $R/norm.log 2>&1
+$B profile norm-call --on --json $R/norm_on.json >> $R/norm.log 2>&1; echo "rc=$?"
+echo NORM
 $B serve start --model benchmarks/models/llama31_8b --out $S --latest $S/latest.json --gpu-mem 0.3 --control \
   --record-steps > $R/start.log 2>&1; echo "rc=$?"
 echo UP

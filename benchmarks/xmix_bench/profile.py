@@ -33,8 +33,10 @@ Actions:
   40 decoding ones) and for a decode step, and the functions with the most self time (cProfile).
 * ``stream``: the front end's host time per streamed chunk of a request with a probe
   (``stream.py``).
-* ``norm-call``: host microseconds per call of a norm hosting hook sites with apps off, against
-  vLLM's add + RMSNorm called directly (what a step without CUDA graphs pays per hosted norm).
+* ``norm-call``: host microseconds per call of a norm hosting hook sites with apps off (with
+  ``--on``: with its sites' writes on, steering's path), against vLLM's add + RMSNorm called
+  directly (what a step without CUDA graphs pays per hosted norm; on a GPU machine the tensors
+  are CUDA and the writes are the fused Triton kernel's launch).
 * ``api-cpu``: the API server's CPU time per streamed chunk on a real CPU server, per
   configuration (``api_cpu.py``).
 * ``api-calls``: the API server's Python calls per streamed chunk on real CPU servers (a
@@ -112,8 +114,9 @@ def add_arguments(p) -> None:
     s.add_argument("--tokens", type=int, default=128, help="streamed chunks (tokens) per request")
     s.add_argument("--repeats", type=int, default=20, help="streams measured (median of their means)")
     s.add_argument("--json", help="write the result here")
-    nc = sub.add_parser("norm-call", help="host us per call of a hosted norm with apps off vs vLLM's norm (CPU)")
+    nc = sub.add_parser("norm-call", help="host us per call of a hosted norm (apps off, or --on) vs vLLM's norm")
     nc.add_argument("--tokens", type=int, default=8)
+    nc.add_argument("--on", action="store_true", help="the norm's sites on (steer_all's writes), not apps off")
     nc.add_argument("--calls", type=int, default=20000)
     nc.add_argument("--json", help="write the result here")
     a = sub.add_parser("api-cpu", help="the API server's CPU time per streamed chunk, real CPU server, per app")
@@ -183,10 +186,11 @@ def main(args) -> int:
               f"{r['tokens']} chunks, prompt {r['prompt']})")
         return 0
     if args.action == "norm-call":
-        r = norm_call(args.tokens, args.calls)
+        r = norm_call(args.tokens, args.calls, on=args.on)
         if args.json:
             common.write_json(args.json, r)
-        print(f"hosted norm, apps off: {statistics.median(r['hosted_us']):.1f} us per call; vLLM's add + RMSNorm "
+        print(f"hosted norm, {'its sites on' if r['on'] else 'apps off'} ({r['device']}): "
+              f"{statistics.median(r['hosted_us']):.1f} us per call; vLLM's add + RMSNorm "
               f"directly: {statistics.median(r['direct_us']):.1f} us; the hosting's own cost {r['overhead_us']:.1f} us "
               f"({r['tokens']} tokens, {r['calls']} calls x {len(r['hosted_us'])})")
         return 0
@@ -388,13 +392,20 @@ def compare(a: dict, b: dict, la: str = "A", lb: str = "B") -> str:
 # ------------------------------------------------------------------------------ host time, CPU
 
 
-def norm_call(tokens: int = 8, calls: int = 20000, repeats: int = 3) -> dict:
+def norm_call(tokens: int = 8, calls: int = 20000, repeats: int = 3, on: bool = False) -> dict:
     """Host microseconds per call of a norm hosting hook sites (``fused_writes="norm"``,
-    ``ops.hook_norm_``) in a forward where no app is on, against vLLM's add + RMSNorm called
-    directly on the same tensors: what a step that runs without CUDA graphs (more tokens than
-    the largest captured size) pays per hosted norm with apps off. An in-process eager CPU
-    engine (4-layer Llama config, d_model 64, steer_all deployed) after one request (the hook
-    self-check passed); the norm of layer 1."""
+    ``ops.hook_norm_``) in a forward where no app is on (``on``: every deployed site on, so the
+    norm applies steer_all's writes: on CUDA the fused Triton kernel's launch, on a CPU the
+    per-site path), against vLLM's add + RMSNorm called directly on the same tensors: what a
+    step that runs without CUDA graphs (more tokens than the largest captured size) pays per
+    hosted norm. An in-process eager engine on this machine's device (4-layer Llama config,
+    d_model 64, float32, steer_all deployed) after one request (the hook self-check passed); the
+    norm of layer 1. Each timing ends with the device's queue drained, so the launches' host
+    time is what is timed while it exceeds the kernels' (tiny) device time.
+
+    Raises:
+        RuntimeError: layer 1's norm does not host sites, or ``on`` and its sites have no
+        plan to apply (the timing would be of a no-op)."""
     import torch
     from vllm.forward_context import set_forward_context
 
@@ -412,20 +423,37 @@ def norm_call(tokens: int = 8, calls: int = 20000, repeats: int = 3) -> dict:
     norm = next(m for n, m in runner.model.named_modules() if n.endswith("layers.1.input_layernorm"))
     if getattr(norm.forward, "func", None) is None:
         raise RuntimeError("profile norm-call: layer 1's input norm does not host hook sites")
-    x, r = torch.randn(tokens, cfg["hidden_size"]), torch.randn(tokens, cfg["hidden_size"])
+    dev = norm.weight.device
+    x, r = torch.randn(tokens, cfg["hidden_size"], device=dev), torch.randn(tokens, cfg["hidden_size"], device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    state = common.xmix_state(llm)
+    var = state.variants
+    if on:
+        var.set_variant(var.all_mask)
+        sites = [s for s in state.site_keys.sites_of(norm.weight.data) if s >= 0 and var.site_plan(s, 0) is not None]
+        if not sites:
+            var.set_variant(0)
+            raise RuntimeError("profile norm-call --on: layer 1's norm has no site with a plan to apply")
     hosted, direct = [], []
-    with set_forward_context(None, runner.vllm_config):
-        for _ in range(repeats):
-            t = time.perf_counter()
-            for _ in range(calls):
-                norm(x, r)
-            hosted.append((time.perf_counter() - t) / calls * 1e6)
-            t = time.perf_counter()
-            for _ in range(calls):
-                plain_add_rms_norm(x, r, norm.weight.data, norm.variance_epsilon)
-            direct.append((time.perf_counter() - t) / calls * 1e6)
+    try:
+        with set_forward_context(None, runner.vllm_config):
+            for _ in range(repeats):
+                sync()
+                t = time.perf_counter()
+                for _ in range(calls):
+                    norm(x, r)
+                sync()
+                hosted.append((time.perf_counter() - t) / calls * 1e6)
+                t = time.perf_counter()
+                for _ in range(calls):
+                    plain_add_rms_norm(x, r, norm.weight.data, norm.variance_epsilon)
+                sync()
+                direct.append((time.perf_counter() - t) / calls * 1e6)
+    finally:
+        var.set_variant(0)
     return {"hosted_us": [round(v, 2) for v in hosted], "direct_us": [round(v, 2) for v in direct],
             "overhead_us": round(statistics.median(h - d for h, d in zip(hosted, direct)), 2), "tokens": tokens,
+            "on": on, "sites_on": len(sites) if on else 0, "device": str(dev),
             "calls": calls, "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
 
 
