@@ -333,7 +333,9 @@ def test_recorded_server_records_every_engine_step_of_its_engine_core(tiny_llama
     steps.mkdir()
     args = ["-m", "benchmarks.xmix_bench.recorded_server", "serve", tiny_llama, "--dtype", "float32",
             "--max-model-len", "1024", "--max-num-batched-tokens", "2048", "--enforce-eager", "--max-num-seqs", "8"]
-    env = {engine_steps.ENV: str(steps), "PYTHONPATH": os.pathsep.join(
+    prof = tmp_path / "api" / "prof"  # the API server's profiler (serve start --profile-api), switched by signal
+    prof.parent.mkdir()
+    env = {engine_steps.ENV: str(steps), "XMIX_PROFILE_OUT": str(prof), "PYTHONPATH": os.pathsep.join(
         x for x in (str(common.REPO), os.environ.get("PYTHONPATH")) if x)}
     procs: list = []
     with running_server(args, tmp_path / "server.log", env=env, proc_out=procs) as url:
@@ -407,10 +409,32 @@ def test_recorded_server_records_every_engine_step_of_its_engine_core(tiny_llama
                 assert out.success, out.error
 
         meter = engine_steps.StepMeter(str(steps))
-        with serve._steps_after_ready_check(meter):
+        with serve._after_ready_check([meter.restart]):
             asyncio.run(ready_check())
             assert _stream(url, tiny_llama, [17] + list(range(700, 711)), 3) == (12, 3)
         run = meter.stop(requests=1)
         assert run["tokens"] == 12 + 3 - 1, run  # not the ready check's 25 + 5 - 1 as well
+
+        # the API server's profiler: off until SIGUSR1, a profile of its main thread at SIGUSR2
+        # (the server process itself; the engine core writes none)
+        import signal
+
+        assert not list(prof.parent.iterdir())
+        os.kill(procs[0].pid, signal.SIGUSR1)
+        assert _stream(url, tiny_llama, [18] + list(range(800, 819)), 8) == (20, 8)
+        os.kill(procs[0].pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (prof.parent / "prof.0").exists():
+            time.sleep(0.2)
+        assert sorted(p.name for p in prof.parent.iterdir()) == ["prof.0", "prof.0.gc.json"]
+        r = serve.api_profile_summary(str(prof.parent / "prof.0"), output_tokens=8, requests=1)
+        assert r["calls_per_token"] > 50 and r["profiled_us_per_token"] > 0, r
+        assert r["plugin_calls_per_token"] > 0, r  # the plugin's route guard and selection check ran
+        import pstats
+
+        profiled = {fn for _, _, fn in pstats.Stats(str(prof.parent / "prof.0")).stats}
+        assert "completion_stream_generator" in profiled, sorted(profiled)[:20]  # the API server's own work
+        assert "schedule" not in profiled  # not the engine core's (the scheduler runs in that process)
+        assert "vanilla" in serve.api_profile_report({"vanilla": r, "inactive": r})
         assert bench_mod.wait_for_endpoint.__name__ == "wait_for_endpoint" and not hasattr(
             bench_mod.wait_for_endpoint, "__wrapped__") and bench_mod.wait_for_endpoint.__module__.endswith("ready_checker")

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Llama-3.1-8B served rounds with recorded engine steps and a second plain server (A/A control):
 # rate 16 (2 rounds) and saturation (3 rounds); with SATDIAG=1 first the in-process saturation
-# health of four engines (~8 min more). Markers: SATDIAG NORM UP R16 SAT DONE ALLDONE. See README.md.
+# health of four engines (~8 min more). Markers: SATDIAG NORM UP R16 SAT APIPROF DONE ALLDONE. See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
 R=/root/res; S=/root/xmix-serve/llama; mkdir -p $R $S
@@ -19,7 +19,7 @@ $B profile norm-call --json $R/norm_off.json > $R/norm.log 2>&1
 $B profile norm-call --on --json $R/norm_on.json >> $R/norm.log 2>&1; echo "rc=$?"
 echo NORM
 $B serve start --model benchmarks/models/llama31_8b --out $S --latest $S/latest.json --gpu-mem 0.3 --control \
-  --record-steps > $R/start.log 2>&1; echo "rc=$?"
+  --record-steps --profile-api > $R/start.log 2>&1; echo "rc=$?"
 echo UP
 $B serve rounds --out $S --latest $S/latest.json --rates 16 --num-prompts 400 --warmup 1 --warmup-prompts 60 \
   --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 \
@@ -28,6 +28,11 @@ echo R16
 $B serve rounds --out $S --latest $S/latest.json --rates inf --num-prompts 1000 --warmup 1 --warmup-prompts 200 \
   --repeats 3 --configs aa_plain,inactive,steer_all,probe_one,all_apps > $R/sat.log 2>&1; echo "rc=$?"
 echo SAT
+# where the API server's time goes at saturation (unmeasured runs under cProfile, ~2 min)
+$B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 --repeats 0 \
+  --api-profile inactive,probe_one > $R/api_profile.log 2>&1; echo "rc=$?"
+cp $S/api_profile.json $R/ 2>/dev/null
+echo APIPROF
 $B serve stop --out $S > $R/stop.log 2>&1
 echo DONE
 echo ALLDONE

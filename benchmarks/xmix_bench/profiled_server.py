@@ -22,8 +22,14 @@ import sys
 import time
 
 
-def main() -> None:
-    out = os.environ["XMIX_PROFILE_OUT"]
+#: the environment variable that names the profiles' path prefix
+ENV = "XMIX_PROFILE_OUT"
+
+
+def install(out: str) -> None:
+    """The signal-switched profiler of this process's main thread (see the module docstring),
+    writing ``out.<k>`` and ``out.<k>.gc.json``. Also used by ``recorded_server.py`` when
+    :data:`ENV` is set (``serve start --profile-api``)."""
     state = {"prof": None, "k": 0, "gc": None, "t0": 0.0}
 
     def on_gc(phase, info):
@@ -58,6 +64,10 @@ def main() -> None:
     gc.callbacks.append(on_gc)
     signal.signal(signal.SIGUSR1, start)
     signal.signal(signal.SIGUSR2, stop)
+
+
+def main() -> None:
+    install(os.environ[ENV])
     sys.argv = ["vllm.entrypoints.openai.api_server"] + sys.argv[1:]
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
 

@@ -1,4 +1,5 @@
-"""``vllm serve`` with its engine steps recorded (``engine_steps``): ``python -m
+"""``vllm serve`` with its engine steps recorded (``engine_steps``), and optionally its API server
+profiled (``XMIX_PROFILE_OUT``, :func:`main`): ``python -m
 benchmarks.xmix_bench.recorded_server serve <model> <args...>`` takes the arguments of ``vllm
 serve`` (run from the repository's root, with ``XMIX_STEP_RECORD_DIR`` set; ``serve start
 --record-steps`` starts its servers so).
@@ -22,8 +23,16 @@ engine_steps.install()
 
 
 def main() -> int:
+    """``vllm serve`` with these arguments; with ``XMIX_PROFILE_OUT`` set, its API server's main
+    thread (this process) also gets the signal-switched profiler of ``profiled_server.py``
+    (``serve start --profile-api``; the engine core, a child process, does not)."""
+    import os
+
+    from benchmarks.xmix_bench import profiled_server
     from benchmarks.xmix_bench.common import vllm_cli
 
+    if os.environ.get(profiled_server.ENV):
+        profiled_server.install(os.environ[profiled_server.ENV])
     return vllm_cli(sys.argv[1:])
 
 

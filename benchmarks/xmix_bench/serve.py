@@ -95,7 +95,7 @@ import urllib.request
 from . import common
 from .cpu_usage import CpuMeter
 from .cpu_usage import summary as cpu_summary
-from . import engine_steps, server_metrics
+from . import engine_steps, profiled_server, server_metrics
 
 HELP = "serving A/B with `vllm bench serve`: plain vLLM vs the plugin, each app on every request"
 K_CONFIGS = (16, 256)
@@ -152,6 +152,9 @@ def _server_options(q) -> None:
     q.add_argument("--profile-stack", action="store_true",
                    help="record Python stacks in the profiles (larger traces; `profile compare` then lists "
                         "the Python functions whose host time per step grew)")
+    q.add_argument("--profile-api", action="store_true",
+                   help="every server's API server (its main thread) can be profiled by signal (profiled_server.py) "
+                        "into <out>/api_profile_<server>/; rounds --api-profile then profiles one run per configuration")
     q.add_argument("--record-steps", action="store_true",
                    help="every server records each engine step it runs (engine_steps: schedule and update host "
                         "times, the step's output arrival, tokens) to <out>/steps_<server>/; rounds then attach "
@@ -182,6 +185,11 @@ def _round_options(q) -> None:
                    help="after the rounds, one run of vanilla and of each of these configurations (comma-separated; "
                         "at the first rate, at most 100 prompts) under vLLM's torch profiler (servers started with "
                         "--profiler): <out>/profile_<config>.txt, trace_<config>.json, trace_<config>_vs_vanilla.md")
+    q.add_argument("--api-profile", default="", metavar="CONFIGS",
+                   help="after the rounds, one run of vanilla and of each of these configurations (comma-separated; "
+                        "at the first rate) with the API server's main thread under cProfile (servers started with "
+                        "--profile-api): Python calls and profiled CPU per output token, the plugin's share, the "
+                        "functions whose time grew; <out>/api_profile.json and api_profile_<config>.prof")
 
 
 def main(args) -> int:
@@ -375,22 +383,32 @@ RECORDED_SERVER = "benchmarks.xmix_bench.recorded_server"
 class Server:
     """One ``vllm serve`` started with setsid (its process group id is its pid)."""
 
-    def __init__(self, name: str, port: int, log: str, pid: int, steps_dir: str | None = None):
+    def __init__(self, name: str, port: int, log: str, pid: int, steps_dir: str | None = None,
+                 api_profile: str | None = None):
         self.name, self.port, self.log, self.pid = name, port, log, pid
         #: the folder its engine steps are recorded in (``start --record-steps``), else None
         self.steps_dir = steps_dir
+        #: the path prefix of its API server's profiles (``start --profile-api``), else None
+        self.api_profile = api_profile
         self.proc: subprocess.Popen | None = None
 
     @classmethod
     def launch(cls, name: str, serving_dir: str, port: int, log: str, args: list[str], env: dict,
-               steps_dir: str | None = None) -> "Server":
+               steps_dir: str | None = None, api_profile: str | None = None) -> "Server":
         """``steps_dir``: run ``vllm serve`` through :data:`RECORDED_SERVER` (the same arguments),
-        recording its engine steps there (the folder is emptied first)."""
+        recording its engine steps there (the folder is emptied first); ``api_profile``: the
+        same launcher, its API server profiled by signal (``profiled_server.py``) into files
+        named ``<api_profile>.<k>`` (its folder is emptied first)."""
         serve_args = ["serve", serving_dir, "--port", str(port), "--host", "127.0.0.1", "--load-format", "dummy"]
         if steps_dir:
             shutil.rmtree(steps_dir, ignore_errors=True)
             os.makedirs(steps_dir)
             env = dict(env, **{engine_steps.ENV: steps_dir})
+        if api_profile:
+            shutil.rmtree(os.path.dirname(api_profile), ignore_errors=True)
+            os.makedirs(os.path.dirname(api_profile))
+            env = dict(env, **{profiled_server.ENV: api_profile})
+        if steps_dir or api_profile:
             cmd = [sys.executable, "-m", RECORDED_SERVER] + serve_args + args
         else:
             cmd = common.TOOL + ["vllm"] + serve_args + args
@@ -398,18 +416,20 @@ class Server:
             # setsid in the child: the server outlives this command (the next commands run rounds)
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=common.REPO,
                                     preexec_fn=os.setsid)
-        s = cls(name, port, log, proc.pid, steps_dir)
+        s = cls(name, port, log, proc.pid, steps_dir, api_profile)
         s.proc = proc
         return s
 
     @classmethod
     def from_record(cls, r: dict) -> "Server":
-        return cls(r["name"], r["port"], r["log"], r["pid"], r.get("steps_dir"))
+        return cls(r["name"], r["port"], r["log"], r["pid"], r.get("steps_dir"), r.get("api_profile"))
 
     def record(self) -> dict:
         out = {"name": self.name, "port": self.port, "log": self.log, "pid": self.pid}
         if self.steps_dir:
             out["steps_dir"] = self.steps_dir
+        if self.api_profile:
+            out["api_profile"] = self.api_profile
         return out
 
     def alive(self) -> bool:
@@ -516,6 +536,9 @@ def start(args, profiler: bool | None = None) -> dict:
     record_steps = getattr(args, "record_steps", False)
     if record_steps:
         st["record_steps"] = True
+    profile_api = getattr(args, "profile_api", False)
+    if profile_api:
+        st["profile_api"] = True
     second_args = ["--config", xmix_cfg] if args.second == "xmix" else []
     second_env = dict(os.environ, VLLM_PLUGINS="") if args.second == "plain" else dict(os.environ)
     plans = (("vanilla", args.port, server_args + prof_args.get("vanilla", []), dict(os.environ, VLLM_PLUGINS="")),
@@ -541,7 +564,8 @@ def start(args, profiler: bool | None = None) -> dict:
     try:
         for name, port, sargs, env in plans:
             s = Server.launch(name, serving, port, os.path.join(out, f"{name}.log"), sargs, env,
-                              steps_dir=os.path.join(out, f"steps_{name}") if record_steps else None)
+                              steps_dir=os.path.join(out, f"steps_{name}") if record_steps else None,
+                              api_profile=os.path.join(out, f"api_profile_{name}", "prof") if profile_api else None)
             launched.append(s)
             st["servers"][name] = s.record()
             common.write_json(os.path.join(out, STATE), st)  # a cut start-up still knows what to stop
@@ -587,8 +611,10 @@ def _dataset(args, st: dict) -> tuple[list[str], str]:
 
 
 def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, sel, result: str, seed: int,
-          run_mark: int, profile: bool = False) -> dict:
-    """One ``vllm bench serve`` run (vLLM's client and metrics, in this process)."""
+          run_mark: int, profile: bool = False, api_profile: bool = False) -> dict:
+    """One ``vllm bench serve`` run (vLLM's client and metrics, in this process). ``api_profile``:
+    the server's API-server profiler (``start --profile-api``) runs from just before the client
+    starts (its ready check skipped) to the run's end."""
     argv = ["--backend", "vllm", "--base-url", f"http://127.0.0.1:{server.port}", "--model", st["serving_dir"],
             "--tokenizer", st["serving_dir"]] + dataset_args + [
             "--num-prompts", str(n), "--ignore-eos", "--request-rate", rate, "--seed", str(seed),
@@ -603,11 +629,17 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
     meter = CpuMeter(server.pid)  # which of the server's processes was busy during the run (after the
     # metrics read, whose rendering is API-server work of its own)
     steps = engine_steps.StepMeter(server.steps_dir) if server.steps_dir else None  # the run's engine steps
+    on_ready = [steps.restart] if steps is not None else []
+    if api_profile:  # from the run's first request: no ready check (its request alone is not the run's)
+        argv += ["--ready-check-timeout-sec", "0"]
+        os.kill(server.pid, signal.SIGUSR1)
     try:
-        with _steps_after_ready_check(steps):
+        with _after_ready_check(on_ready):
             res = common.bench_serve(argv)
     finally:
         common.XARGS_CYCLE = None
+        if api_profile:
+            os.kill(server.pid, signal.SIGUSR2)
     res["cpu"] = meter.stop(active_s=res.get("duration"))  # fractions of the benchmark's own duration
     if steps is not None:
         res["engine_steps"] = steps.stop(requests=res.get("completed"))
@@ -619,12 +651,12 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
 
 
 @contextlib.contextmanager
-def _steps_after_ready_check(steps):
-    """While ``vllm bench serve`` runs: ``steps`` (an :class:`engine_steps.StepMeter`, or None)
-    counts from the end of the client's ready check, which first sends one whole request alone
-    (the full output length with ``--ignore-eos``: a mixed step and ``output_len - 1`` decode steps
-    at batch 1 that are not the run's)."""
-    if steps is None:
+def _after_ready_check(callbacks: list):
+    """While ``vllm bench serve`` runs: each of ``callbacks`` is called at the end of the
+    client's ready check, which first sends one whole request alone (the full output length
+    with ``--ignore-eos``: a mixed step and ``output_len - 1`` decode steps at batch 1 that are
+    not the run's): the step meter's restart."""
+    if not callbacks:
         yield
         return
     import vllm.benchmarks.serve as bench_mod
@@ -633,7 +665,8 @@ def _steps_after_ready_check(steps):
 
     async def wait_for_endpoint(*args, **kwargs):
         out = await orig(*args, **kwargs)
-        steps.restart()
+        for fn in callbacks:
+            fn()
         return out
 
     bench_mod.wait_for_endpoint = wait_for_endpoint
@@ -709,6 +742,12 @@ def rounds(args) -> int:
         args._parser.error(f"--configs/--profile: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
     if profiled and not st.get("profiler"):
         args._parser.error("--profile: the servers were started without --profiler")
+    api_profiled = [c for c in args.api_profile.split(",") if c]
+    unknown = sorted(set(api_profiled) - set(configs))
+    if unknown:
+        args._parser.error(f"--api-profile: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
+    if api_profiled and not st.get("profile_api"):
+        args._parser.error("--api-profile: the servers were started without --profile-api")
     if args.configs:
         keep = {"vanilla", *args.configs.split(",")}
         configs = {k: v for k, v in configs.items() if k in keep}
@@ -753,6 +792,16 @@ def rounds(args) -> int:
                                  "server_metrics": res.get("server_metrics", {}),
                                  **({"engine_steps": res["engine_steps"]} if "engine_steps" in res else {})})
                     common.write_json(res_path, runs)  # after every run: a cut command keeps its runs
+    if api_profiled:  # where the API server's time goes, per output token: vanilla vs each configuration
+        api_configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False),
+                                  (st.get("alt_variants") or {}).get("mode"))
+        got = {}
+        for name in ["vanilla"] + [c for c in api_profiled if c != "vanilla"]:
+            srv, sel = api_configs[name]
+            got[name] = api_profile_run(out, servers[srv], st, sel, name, dataset_args, rates[0], args.num_prompts,
+                                        next_mark())
+        common.write_json(os.path.join(out, "api_profile.json"), got)
+        print(api_profile_report(got), flush=True)
     if profiled:  # where the time goes: vanilla vs each profiled configuration, same rate and prompts
         rate = rates[0]
         for name in ["vanilla"] + profiled:
@@ -775,6 +824,76 @@ def rounds(args) -> int:
         print(to_latest(args.latest, runs, st["model_name"], rates=rates, configs=list(configs),
                         setup=st.get("command", ""), command=command, fused_writes=st.get("fused_writes")))
     return 0
+
+
+def api_profile_run(out: str, server: Server, st: dict, sel, name: str, dataset_args, rate: str, n: int,
+                    run_mark: int) -> dict:
+    """One run of configuration ``name`` with its server's API server profiled (``bench(...,
+    api_profile=True)``): the profile kept as ``<out>/api_profile_<name>.prof`` and summarized
+    per output token (:func:`api_profile_summary`).
+
+    Raises:
+        RuntimeError: the server wrote no profile within 30 s of the run's end."""
+    import glob
+
+    if not server.api_profile:
+        raise RuntimeError(f"{server.name}: started without --profile-api")
+    before = set(glob.glob(server.api_profile + ".*[0-9]"))
+    res = bench(server, st, dataset_args, rate, n, sel, os.path.join(out, "runs", f"api_profile_{name}.json"),
+                seed=98, run_mark=run_mark, api_profile=True)
+    for _ in range(60):
+        new = sorted(set(glob.glob(server.api_profile + ".*[0-9]")) - before, key=os.path.getmtime)
+        if new:
+            break
+        time.sleep(0.5)
+    else:
+        raise RuntimeError(f"{server.name}: no API-server profile written for {name} ({server.api_profile}.<k>)")
+    kept = os.path.join(out, f"api_profile_{name}.prof")
+    shutil.copy(new[-1], kept)
+    return api_profile_summary(kept, res.get("total_output_tokens") or 0, res.get("completed") or 0)
+
+
+def api_profile_summary(path: str, output_tokens: int, requests: int, top: int = 40) -> dict:
+    """A pstats file of the API server's main thread over one run: Python calls and profiled
+    seconds (the functions' own time, summed) per output token, calls made in or directly from
+    the plugin's functions per output token, and the ``top`` functions by own time (us per
+    output token, calls per output token)."""
+    import pstats
+
+    from .api_calls import _is_plugin, _label
+
+    calls = plugin = 0
+    own = 0.0
+    funcs = []
+    for (f, ln, fn), (cc, nc, tt, ct, callers) in pstats.Stats(path).stats.items():
+        calls += nc
+        own += tt
+        plugin += nc if _is_plugin(f) else sum(v[1] for (cf, _, _), v in callers.items() if _is_plugin(cf))
+        funcs.append((tt, nc, _label(f, ln, fn)))
+    per = 1.0 / max(output_tokens, 1)
+    funcs.sort(reverse=True)
+    return {"output_tokens": output_tokens, "requests": requests, "calls_per_token": round(calls * per, 2),
+            "plugin_calls_per_token": round(plugin * per, 2), "profiled_us_per_token": round(own * 1e6 * per, 2),
+            "top": [{"function": name, "us_per_token": round(tt * 1e6 * per, 3), "calls_per_token": round(nc * per, 3)}
+                    for tt, nc, name in funcs[:top]]}
+
+
+def api_profile_report(got: dict) -> str:
+    """Lines of :func:`api_profile_run` results (``{config: summary}``, vanilla first): per
+    configuration its per-token numbers, then the functions whose own time per token grew most
+    against vanilla's."""
+    lines = ["API server's main thread under cProfile, per output token (profiled: times are inflated, calls exact):"]
+    base = got.get("vanilla") or {}
+    for name, r in got.items():
+        lines.append(f"  {name:16s} {r['calls_per_token']:8.1f} calls ({r['plugin_calls_per_token']:.1f} in the "
+                     f"plugin), {r['profiled_us_per_token']:8.1f} us")
+        if name == "vanilla" or not base:
+            continue
+        was = {t["function"]: t["us_per_token"] for t in base.get("top", [])}
+        grown = sorted(((t["us_per_token"] - was.get(t["function"], 0.0), t["function"]) for t in r["top"]),
+                       reverse=True)[:8]
+        lines += [f"      {d:+8.2f} us  {fn}" for d, fn in grown if d > 0]
+    return "\n".join(lines)
 
 
 def profile_run(out: str, servers: dict, st: dict, config, name: str, dataset_args, rate: str, n: int,
