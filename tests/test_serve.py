@@ -420,6 +420,9 @@ def test_benchmark_splits_a_served_requests_ttft_by_vllms_metrics(server, hf):
     assert 0 < d["ttft_ms"] <= d["e2e_ms"] <= max(walls), (d, walls)
     assert 0 <= d["queue_ms"] and 0 < d["prefill_ms"] <= d["ttft_ms"], d
     assert -1.0 < d["front_end_ms"] < d["ttft_ms"], d  # (one host, one clock)
+    # a request's whole time: the engine core's part (queue + prefill + decode) and the front end's
+    assert d["decode_n"] == 3 and 0 < d["engine_ms"] <= d["e2e_ms"] + 1.0, d
+    assert -1.0 < d["front_end_total_ms"] < d["e2e_ms"], d
     assert d["step_tokens_mean"] > 0 and d["prefix_cache_queries"] >= 3 * len(PROMPTS[0]), d
 
 
