@@ -1,6 +1,6 @@
 #!/bin/bash
 # Llama-3.1-8B served rounds with recorded engine steps and a second plain server (A/A control):
-# rate 16 (2 rounds) and saturation (3 rounds); with SATDIAG=1 first the in-process saturation
+# rate 16 and saturation (2 rounds each); with SATDIAG=1 first the in-process saturation
 # health of four engines (~8 min more). Markers: SATDIAG NORM UP R16 SAT APIPROF DONE ALLDONE. See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
@@ -26,12 +26,12 @@ $B serve rounds --out $S --latest $S/latest.json --rates 16 --num-prompts 400 --
   --configs aa_plain,inactive,steer_all,probe_one > $R/r16.log 2>&1; echo "rc=$?"
 echo R16
 $B serve rounds --out $S --latest $S/latest.json --rates inf --num-prompts 1000 --warmup 1 --warmup-prompts 200 \
-  --repeats 3 --configs aa_plain,inactive,steer_all,probe_one,all_apps > $R/sat.log 2>&1; echo "rc=$?"
+  --repeats 2 --configs aa_plain,inactive,steer_all,probe_one,all_apps > $R/sat.log 2>&1; echo "rc=$?"
 echo SAT
 # where the API server's time goes at saturation (unmeasured runs under cProfile, ~2 min)
 $B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 --repeats 0 \
   --api-profile inactive,probe_one > $R/api_profile.log 2>&1; echo "rc=$?"
-cp $S/api_profile.json $R/ 2>/dev/null
+cp $S/api_profile.json $S/api_profile_*.prof $R/ 2>/dev/null
 echo APIPROF
 $B serve stop --out $S > $R/stop.log 2>&1
 echo DONE

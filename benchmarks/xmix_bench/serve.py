@@ -189,7 +189,8 @@ def _round_options(q) -> None:
                    help="after the rounds, one run of vanilla and of each of these configurations (comma-separated; "
                         "at the first rate) with the API server's main thread under cProfile (servers started with "
                         "--profile-api): Python calls and profiled CPU per output token, the plugin's share, the "
-                        "functions whose time grew; <out>/api_profile.json and api_profile_<config>.prof")
+                        "functions whose time grew; <out>/api_profile.json (each configuration's latest profile; "
+                        "vanilla is profiled again in every call) and api_profile_<config>.prof")
 
 
 def main(args) -> int:
@@ -795,13 +796,13 @@ def rounds(args) -> int:
     if api_profiled:  # where the API server's time goes, per output token: vanilla vs each configuration
         api_configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False),
                                   (st.get("alt_variants") or {}).get("mode"))
-        got = {}
+        got = common.read_json(os.path.join(out, "api_profile.json"), {}) or {}  # (earlier configs kept)
         for name in ["vanilla"] + [c for c in api_profiled if c != "vanilla"]:
             srv, sel = api_configs[name]
             got[name] = api_profile_run(out, servers[srv], st, sel, name, dataset_args, rates[0], args.num_prompts,
                                         next_mark())
         common.write_json(os.path.join(out, "api_profile.json"), got)
-        print(api_profile_report(got), flush=True)
+        print(api_profile_report({"vanilla": got["vanilla"], **got}), flush=True)
     if profiled:  # where the time goes: vanilla vs each profiled configuration, same rate and prompts
         rate = rates[0]
         for name in ["vanilla"] + profiled:
