@@ -436,5 +436,15 @@ def test_recorded_server_records_every_engine_step_of_its_engine_core(tiny_llama
         assert "completion_stream_generator" in profiled, sorted(profiled)[:20]  # the API server's own work
         assert "schedule" not in profiled  # not the engine core's (the scheduler runs in that process)
         assert "vanilla" in serve.api_profile_report({"vanilla": r, "inactive": r})
+
+        # rounds --api-profile's run: vLLM's benchmark client against this server, its requests
+        # alone profiled (no ready check), the profile kept and counted per output token
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        server = serve.Server("s", port, str(tmp_path / "server.log"), procs[0].pid, api_profile=str(prof))
+        got = serve.api_profile_run(str(tmp_path), server, {"serving_dir": tiny_llama}, None, "vanilla",
+                                    ["--dataset-name", "random", "--random-input-len", "16", "--random-output-len",
+                                     "4", "--random-range-ratio", "0"], "inf", 3, run_mark=7)
+        assert got["requests"] == 3 and got["output_tokens"] == 3 * 4, got
+        assert got["calls_per_token"] > 50 and (tmp_path / "api_profile_vanilla.prof").exists(), got
         assert bench_mod.wait_for_endpoint.__name__ == "wait_for_endpoint" and not hasattr(
             bench_mod.wait_for_endpoint, "__wrapped__") and bench_mod.wait_for_endpoint.__module__.endswith("ready_checker")
