@@ -296,12 +296,13 @@ def render(data: dict) -> str:
     known = list(common.MODEL_NAMES.values())
     order = [n for n in known if n in models] + sorted(set(models) - set(known))
     out = ["Latest measurement per budget line against plain vLLM 0.26 (the plugin not loaded) on one H200, "
-           "bf16, dummy weights: the median ratio over rounds, [min, max] over rounds where there were several. "
-           "Status: met / missed (the whole range inside / outside the bound) / unresolved (the range straddles "
-           "it, or a single round inside it is all there is); latency at the latest finite request rate, throughput at saturation. The calibration row, "
-           "where measured, is a second plain vLLM server measured the same way beside the lines: how far "
-           "two plain servers lie apart, the noise floor the lines are read against; the row of the plugin "
-           "loaded with nothing deployed, where measured, what its patches cost without a deployment.", ""]
+           "bf16, dummy weights: the median ratio over rounds, [min, max] over rounds where there were "
+           "several. Status: met / missed (the whole range inside / outside the bound) / unresolved (the "
+           "range straddles it, or a single round inside it is all there is); latency at the latest finite "
+           "request rate, throughput at saturation. The calibration row, where measured, is a second plain "
+           "vLLM server measured the same way beside the lines: how far two plain servers lie apart, the "
+           "noise floor the lines are read against; the row of the plugin loaded with nothing deployed, "
+           "where measured, what its patches cost without a deployment.", ""]
     for name in order:
         rows, notes = render_model(name, models[name])
         out += rows + notes + [""]

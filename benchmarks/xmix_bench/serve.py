@@ -732,8 +732,9 @@ def rounds(args) -> int:
     servers = {n: Server.from_record(r) for n, r in st["servers"].items()}
     for s in servers.values():
         s.wait(args.wait)
-    configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False),
-                          (st.get("alt_variants") or {}).get("mode"))
+    all_configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False),
+                              (st.get("alt_variants") or {}).get("mode"))
+    configs = all_configs
     profiled = [c for c in args.profile.split(",") if c]
     if any(c.startswith(("aa_", "alt_")) for c in profiled):
         args._parser.error("--profile: the A/A and alternative servers run without vLLM's profiler; profile the "
@@ -794,11 +795,9 @@ def rounds(args) -> int:
                                  **({"engine_steps": res["engine_steps"]} if "engine_steps" in res else {})})
                     common.write_json(res_path, runs)  # after every run: a cut command keeps its runs
     if api_profiled:  # where the API server's time goes, per output token: vanilla vs each configuration
-        api_configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False),
-                                  (st.get("alt_variants") or {}).get("mode"))
         got = common.read_json(os.path.join(out, "api_profile.json"), {}) or {}  # (earlier configs kept)
         for name in ["vanilla"] + [c for c in api_profiled if c != "vanilla"]:
-            srv, sel = api_configs[name]
+            srv, sel = all_configs[name]  # (also those left out of --configs)
             got[name] = api_profile_run(out, servers[srv], st, sel, name, dataset_args, rates[0], args.num_prompts,
                                         next_mark())
         common.write_json(os.path.join(out, "api_profile.json"), got)

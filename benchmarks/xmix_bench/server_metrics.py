@@ -181,29 +181,27 @@ def e2e_rows(by_config: dict[str, list[dict]], api_us_per_token: dict[str, list[
     head = [h for _, h in E2E_TABLE] + (["API server CPU per output token (us)"] if with_api else [])
     rows = ["| config | " + " | ".join(head) + " |", "|---" * (1 + len(head)) + "|"]
     for c, runs in by_config.items():
-        cells = []
-        for key, _ in E2E_TABLE:
-            xs = [p[key] for p in runs if key in p]
-            cells.append(f"{np.median(xs):.1f}" if xs else "-")
+        cells = _median_cells(runs, [k for k, _ in E2E_TABLE], ".1f")
         if with_api:
             cells.append(f"{np.median(api[c]):.1f}" if api.get(c) else "-")
         rows.append(f"| {c} | " + " | ".join(cells) + " |")
     return rows
 
 
+def _median_cells(runs: list[dict], keys: list[str], fmt: str) -> list[str]:
+    """Per key, the median over the runs that have it (formatted with ``fmt``), else "-"."""
+    import numpy as np
+
+    return [format(np.median(xs), fmt) if xs else "-" for xs in ([p[k] for p in runs if k in p] for k in keys)]
+
+
 def table_rows(by_config: dict[str, list[dict]]) -> list[str]:
     """Markdown rows (with header) of the TTFT parts of each configuration: the median over its
     runs' :func:`difference` results (``by_config``: configuration -> those results); [] when
     no run has them."""
-    import numpy as np
-
     if not any("ttft_ms" in p for runs in by_config.values() for p in runs):
         return []
     rows = ["| config | " + " | ".join(h for _, h in TABLE) + " |", "|---" * (1 + len(TABLE)) + "|"]
     for c, runs in by_config.items():
-        cells = []
-        for key, _ in TABLE:
-            xs = [p[key] for p in runs if key in p]
-            cells.append(f"{np.median(xs):.2f}" if xs else "-")
-        rows.append(f"| {c} | " + " | ".join(cells) + " |")
+        rows.append(f"| {c} | " + " | ".join(_median_cells(runs, [k for k, _ in TABLE], ".2f")) + " |")
     return rows
