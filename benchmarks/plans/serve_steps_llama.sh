@@ -1,7 +1,7 @@
 #!/bin/bash
 # Llama-3.1-8B served rounds with recorded engine steps and a second plain server (A/A control):
 # rate 16 and saturation (2 rounds each); with SATDIAG=1 first the in-process saturation
-# health of four engines (~8 min more). Markers: SATDIAG NORM UP R16 SAT APIPROF DONE ALLDONE. See README.md.
+# health of four engines (~8 min more). Markers: SATDIAG NORM UP R16 SAT APIPROF R16MORE DONE ALLDONE. See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
 R=/root/res; S=/root/xmix-serve/llama; mkdir -p $R $S
@@ -33,6 +33,11 @@ $B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 -
   --api-profile inactive,probe_one > $R/api_profile.log 2>&1; echo "rc=$?"
 cp $S/api_profile.json $S/api_profile_*.prof $R/ 2>/dev/null
 echo APIPROF
+# the other apps' rate-16 lines at this code, against plain vLLM and the A/A control (~5 min)
+$B serve rounds --out $S --latest $S/latest.json --rates 16 --num-prompts 400 --warmup 0 \
+  --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 \
+  --configs aa_plain,ablate_all,seal,cast,steer_one > $R/r16_more.log 2>&1; echo "rc=$?"
+echo R16MORE
 $B serve stop --out $S > $R/stop.log 2>&1
 echo DONE
 echo ALLDONE
