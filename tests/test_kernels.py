@@ -709,6 +709,172 @@ def test_norm_triton_matches_reference_interpreter():
     run_interpreted("_norm_triton_check")
 
 
+def _norm_launch_check(device: str) -> None:
+    """One ``AddRmsNormLaunch`` (a hosted norm's op keeps one per pair of site plans) launched
+    again and again: on CUDA every launch after a specialization's first goes to the compiled
+    kernel directly (kernels/launch.py), so these launches check that path: each equals the
+    reference, for other x / residual tensors, other token counts, an x whose address is not
+    16-byte aligned (another specialization) and back."""
+    from vllm_xmix.kernels.add_rms_norm import AddRmsNormLaunch, add_rms_norm_reference
+
+    dev = lambda v, dt: torch.tensor(v, dtype=dt, device=device)  # noqa: E731
+    for case in NORM_CASES[:4]:
+        for dtype in (torch.float32, torch.bfloat16):
+            _, D, S, kinds_, ents, row = case
+            x0, r0, w, eps, tok_slot, coef, entries, kinds, values, vec, row = make_norm_inputs(
+                8, D, S, kinds_, ents, row, dtype, device, seed=3)
+            launch = AddRmsNormLaunch(tok_slot, coef, dev(entries, torch.int32), dev(kinds, torch.int32),
+                                      dev(values, torch.float32), vec, row)
+            tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=6.25e-2)
+            for i, (T, misaligned) in enumerate([(8, False), (8, False), (5, False), (8, True), (3, True),
+                                                 (8, False)]):
+                g = torch.Generator().manual_seed(100 + i)
+                x = (torch.randn(T, D, generator=g) * 2).to(dtype).to(device)
+                r = (torch.randn(T, D, generator=g) * 2).to(dtype).to(device)
+                if misaligned:  # the same values one element into a buffer: not 16-byte aligned
+                    buf = torch.empty(T * D + 1, dtype=dtype, device=device)
+                    buf[1:].copy_(x.reshape(-1))
+                    x = buf[1:].view(T, D)
+                    assert x.data_ptr() % 16 != 0
+                wx, wr = x.clone(), r.clone()
+                add_rms_norm_reference(wx, wr, w, eps, tok_slot, coef, entries, kinds, values, vec, row)
+                launch(x, r, w, eps)
+                torch.testing.assert_close(r, wr, **tol)
+                torch.testing.assert_close(x, wx, **tol)
+
+
+def _norm_launch_plans_check(device: str) -> None:
+    """The hosted norm op's launches from site plans (``ops._norm_launch``, the op's path on
+    CUDA): one site, two sites in one launch, and a site's writes alone then the norm alone
+    equal the reference with the plans' entries; a launch is kept per pair of plan objects
+    (the same plans: the same launch; a new plan object: a new one)."""
+    from types import SimpleNamespace
+
+    from vllm_xmix.kernels.add_rms_norm import add_rms_norm_reference
+    from vllm_xmix.ops import _norm_launch
+    from vllm_xmix.runtime.variants import SitePlan
+
+    x0, r0, w, eps, tok_slot, coef, _, kinds, values, vec, _ = make_norm_inputs(7, 100, 3, [0, 1, 1, 0], [], True,
+                                                                                torch.float32, device, seed=5)
+    idx = lambda v: torch.tensor(v, dtype=torch.int32, device=device) if v else None  # noqa: E731
+    plan = lambda ents, row, pre=(): SitePlan(  # noqa: E731
+        pre=idx(list(pre)), writes=idx(ents), writes_host=ents, row=row, has_cond=False, reads=None, reads_host=[],
+        req_reads=[], latch_reads=[], latch_idx=None)
+    lay = SimpleNamespace(tok_slot=tok_slot, coef=coef, kinds=torch.tensor(kinds, dtype=torch.int32, device=device),
+                          values=torch.tensor(values, device=device), vectors=vec,
+                          conditions=SimpleNamespace(cond_args=None))
+    st = SimpleNamespace(layout=lay, norm_launches={})
+    p, q = plan([1, 0, 2], True), plan([3], False, pre=[0])
+    for pp, qq, norm, ref in [
+            (p, None, True, dict(entries=[1, 0, 2], row=True)),
+            (p, q, True, dict(entries=[1, 0, 2], row=True, second=([3], False, [0], None))),
+            (q, None, False, dict(entries=[3], row=False, pre=[0], norm=False)),
+            (None, None, True, dict(entries=[], row=False))]:
+        for _ in range(2):  # (on CUDA the second launch is the compiled one)
+            x, r, wx, wr = x0.clone(), r0.clone(), x0.clone(), r0.clone()
+            add_rms_norm_reference(wx, wr, w, eps, tok_slot, coef, kinds=kinds, values=values, vectors=vec, **ref)
+            _norm_launch(st, pp, qq, norm)(x, r, w, eps)
+            torch.testing.assert_close(r, wr, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(x, wx, rtol=1e-5, atol=1e-5)
+    assert _norm_launch(st, p, q, True) is _norm_launch(st, p, q, True)
+    p2 = plan([1, 0, 2], True)
+    assert _norm_launch(st, p2, q, True) is not _norm_launch(st, p, q, True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_norm_launch_from_plans_matches_reference_cuda():
+    _norm_launch_plans_check("cuda")
+
+
+def test_norm_launch_from_plans_matches_reference_interpreter():
+    run_interpreted("_norm_launch_plans_check")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_norm_launch_again_matches_reference_cuda():
+    _norm_launch_check("cuda")
+
+
+def test_norm_launch_again_matches_reference_interpreter():
+    run_interpreted("_norm_launch_check")
+
+
+def test_norm_launch_args_follow_the_kernels_signature():
+    """The argument tuple a launch passes (to the JIT, and to the compiled kernel, which takes
+    the signature's every parameter in order, constexprs included) binds each parameter to the
+    value it names."""
+    import inspect
+
+    from vllm_xmix.kernels.add_rms_norm import _add_rms_norm_kernel, AddRmsNormLaunch
+
+    x, r, w, eps, tok_slot, coef, entries, kinds, values, vec, row = make_norm_inputs(*NORM_CASES[1], torch.float32,
+                                                                                      "cpu")
+    ents, kt, vt, pre = (torch.tensor(entries, dtype=torch.int32), torch.tensor(kinds, dtype=torch.int32),
+                         torch.tensor(values), torch.tensor([0], dtype=torch.int32))
+    cond = {k: torch.zeros(4, dtype=torch.int32) for k in ("cond_i", "tok_pos", "slot_plen", "tok_cur", "tok_prev")}
+    cond.update(cond_thr=torch.zeros(4), bitmaps=torch.zeros(3, 7, dtype=torch.int32), out=torch.zeros(9, 5),
+                req_mean=torch.zeros(6, 2), latch_pos=torch.zeros(3, 11, dtype=torch.int32))
+    second = (torch.tensor([1, 2], dtype=torch.int32), False, None, False)
+    launch = AddRmsNormLaunch(tok_slot, coef, ents, kt, vt, vec, True, pre=pre, cond=cond, gated=True, second=second,
+                              norm=False)
+    got = inspect.signature(_add_rms_norm_kernel.fn).bind(*launch.args(x, r, w, eps)).arguments
+    want = dict(x_ptr=x, stride_x=x.stride(0), r_ptr=r, stride_r=r.stride(0), w_ptr=w, tok_slot_ptr=tok_slot,
+                coef_ptr=coef, stride_coef=coef.stride(0), kinds_ptr=kt, values_ptr=vt, vec_ptr=vec,
+                stride_vec=vec.stride(0), D=x.shape[1], eps=eps, entries_ptr=ents, n_entries=len(entries),
+                pre_ptr=pre, n_pre=1, entries2_ptr=second[0], n_entries2=2, pre2_ptr=tok_slot, n_pre2=0,
+                cond_i_ptr=cond["cond_i"], cond_thr_ptr=cond["cond_thr"], tok_pos_ptr=cond["tok_pos"],
+                plen_ptr=cond["slot_plen"], tok_cur_ptr=cond["tok_cur"], tok_prev_ptr=cond["tok_prev"],
+                bitmap_ptr=cond["bitmaps"], V=7, out_ptr=cond["out"], stride_out=5, mean_ptr=cond["req_mean"],
+                stride_mean=2, latch_ptr=cond["latch_pos"], stride_latch=11, ROW=True, HAS_PRE=True, HAS_COND=True,
+                TWO=True, ROW2=False, HAS_PRE2=False, HAS_COND2=False, NORM=False, BLOCK_D=128)
+    assert list(got) == list(want)
+    for k, v in want.items():
+        assert got[k] is v if isinstance(v, torch.Tensor) else got[k] == v, k
+    # the compiled launch's: the same, each tensor as its address
+    assert launch.ptr_args(x, r, w, eps) == tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v
+                                                  for v in want.values())
+
+
+def test_norm_launch_key_determines_tritons_specialization():
+    """Launches with equal keys must be launches Triton specializes alike (the compiled kernel of
+    the first is reused for the rest): Triton's own binder (its per-launch specialization of
+    every argument, under the installed Triton) gives equal specializations wherever the
+    launch's key is equal, over token counts, dtypes, aligned and unaligned tensors, strides and
+    other weights; and the key tells apart what Triton tells apart."""
+    triton_jit = pytest.importorskip("triton.runtime.jit")
+    from triton.backends.compiler import BaseBackend
+
+    from vllm_xmix.kernels.add_rms_norm import _add_rms_norm_kernel, AddRmsNormLaunch
+
+    K = _add_rms_norm_kernel
+    binder = triton_jit.create_function_from_signature(K.signature, K.params, BaseBackend)
+    _, D, S, kinds_, ents, row = NORM_CASES[1]
+    _, _, w, eps, tok_slot, coef, entries, kinds, values, vec, row = make_norm_inputs(4, D, S, kinds_, ents, row,
+                                                                                      torch.float32, "cpu")
+    launch = AddRmsNormLaunch(tok_slot, coef, torch.tensor(entries, dtype=torch.int32),
+                              torch.tensor(kinds, dtype=torch.int32), torch.tensor(values), vec, row)
+    seen: dict = {}
+    specs = set()
+    for dtype in (torch.float32, torch.bfloat16):
+        wt = w.to(dtype)
+        wbuf = torch.empty(D + 1, dtype=dtype)
+        for T in (1, 2, 16, 17):
+            for x_off, r_off, wmis, xpad, rpad in [(0, 0, False, 0, 0), (1, 0, False, 0, 0), (0, 1, False, 0, 0),
+                                                   (0, 0, True, 0, 0), (1, 1, True, 0, 0), (0, 0, False, 12, 0),
+                                                   (0, 0, False, 0, 12), (0, 0, False, 3, 3)]:  # 112: 16 | stride
+                xb = torch.zeros(T * (D + xpad) + 1, dtype=dtype)
+                rb = torch.zeros(T * (D + rpad) + 1, dtype=dtype)
+                x = xb[x_off:x_off + T * (D + xpad)].view(T, D + xpad)[:, :D]
+                r = rb[r_off:r_off + T * (D + rpad)].view(T, D + rpad)[:, :D]
+                ww = wbuf[1:] if wmis else wt
+                key = launch.key(x, r, ww)
+                _, spec, _ = binder(*launch.args(x, r, ww, eps), num_warps=launch.num_warps(D))
+                spec = tuple(spec)
+                specs.add(spec)
+                assert seen.setdefault(key, spec) == spec, (dtype, T, x_off, r_off, wmis, xpad, rpad)
+    assert len(seen) >= len(specs) > 4
+
+
 def test_plain_norm_on_cpu_is_vllms_compiled_kernel():
     """A hosted norm with nothing to write (apps off) is vLLM's own fused add + RMSNorm: on a CPU
     build that has the compiled kernel, that kernel (the same bits), not the native formula of

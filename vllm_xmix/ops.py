@@ -21,7 +21,7 @@ from torch.library import Library
 
 from vllm.forward_context import get_forward_context, is_forward_context_available
 
-from .kernels.add_rms_norm import add_rms_norm_triton
+from .kernels.add_rms_norm import AddRmsNormLaunch
 from .kernels.read_rows import read_rows_reference, read_rows_triton
 from .kernels.row_write import row_write_reference, row_write_triton
 from .kernels.steer_add import HAS_TRITON, steer_add
@@ -139,29 +139,50 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
             if p is not None:
                 plans.append((s, p))
     if plans and x.is_cuda and HAS_TRITON:
-        lay = st.layout
-        cond = lay.conditions.cond_args if any(p.has_cond for _, p in plans) else None
         if len(plans) == 1 or plans[0][1].reads is None:  # one kernel: the sites' writes, then the norm
             p, q = plans[0][1], (plans[1][1] if len(plans) > 1 else None)
-            add_rms_norm_triton(x, residual, weight, eps, lay.tok_slot, lay.coef, p.writes, lay.kinds, lay.values,
-                                lay.vectors, p.row, pre=p.pre, cond=cond, gated=p.has_cond,
-                                second=None if q is None else (q.writes, q.row, q.pre, q.has_cond))
+            _norm_launch(st, p, q, True)(x, residual, weight, eps)
             _reads(st, residual, None, q or p)  # on the stream as the kernel rounded it
             return
         # the first site's reads see the stream between the two sites' writes: the same kernel
         # applies each site's writes alone, the reads see the stream rounded as the kernel rounds
         # it, then the norm alone; so a site's values do not depend on which other sites are on
         for _, p in plans:
-            add_rms_norm_triton(x, residual, weight, eps, lay.tok_slot, lay.coef, p.writes, lay.kinds, lay.values,
-                                lay.vectors, p.row, pre=p.pre, cond=cond, gated=p.has_cond, norm=False)
+            _norm_launch(st, p, None, False)(x, residual, weight, eps)
             if p.reads is not None:
                 _reads(st, residual + x, None, p)
-        add_rms_norm_triton(x, residual, weight, eps, lay.tok_slot, lay.coef, None, lay.kinds, lay.values,
-                            lay.vectors, False)
+        _norm_launch(st, None, None, True)(x, residual, weight, eps)
         return
     for s, p in plans:
         _apply_plan(st, residual, x, s, p)
     plain_add_rms_norm(x, residual, weight, eps)
+
+
+#: launches kept per state (``XmixState.norm_launches``) before the oldest are dropped (an eager
+#: engine's run masks follow its requests' layer subsets, and so do its site plans)
+_MAX_NORM_LAUNCHES = 1024
+
+
+def _norm_launch(st, p, q, norm: bool) -> AddRmsNormLaunch:
+    """The hosted norm's kernel launch for site plan ``p`` (None: no writes), then ``q`` (None:
+    no second site), with the norm (``norm``) or the writes alone, on ``st``'s tables: built
+    once per pair of plans and kept in ``st.norm_launches`` (the tables are updated in place,
+    never replaced, so a launch's bound tensors stay the runtime's)."""
+    key = (id(p), id(q), norm)
+    hit = st.norm_launches.get(key)
+    if hit is not None and hit[0] is p and hit[1] is q:  # (the plans themselves: an id can be reused)
+        return hit[2]
+    lay = st.layout
+    has_cond = (p is not None and p.has_cond) or (q is not None and q.has_cond)
+    launch = AddRmsNormLaunch(
+        lay.tok_slot, lay.coef, None if p is None else p.writes, lay.kinds, lay.values, lay.vectors,
+        False if p is None else p.row, pre=None if p is None else p.pre,
+        cond=lay.conditions.cond_args if has_cond else None, gated=p is not None and p.has_cond,
+        second=None if q is None else (q.writes, q.row, q.pre, q.has_cond), norm=norm)
+    if len(st.norm_launches) >= _MAX_NORM_LAUNCHES:
+        st.norm_launches.clear()
+    st.norm_launches[key] = (p, q, launch)
+    return launch
 
 
 #: whether CPU tensors go to ``_C.fused_add_rms_norm`` (None: not yet looked up)

@@ -136,6 +136,8 @@ class XmixState:
         self.installed: set[int] = set()  # sites whose hook the adapter installed
         self.site_keys = SiteKeys()  # the hook ops' site lookup (runtime/site_keys.py)
         self.calls = [0] * len(layout.sites)  # hook-op calls per site (eager, compiled, captures)
+        # the hosted norms' kernel launches per pair of site plans (ops._norm_launch; opaque here)
+        self.norm_launches: dict = {}
         self.token_hook_calls = 0
         self.token_hook_installed = False
         self.buffer_modules: list = []  # modules holding the runtime's buffers (adapters._residual)

@@ -1,0 +1,92 @@
+"""A Triton kernel launched through its compiled handle, without the JIT's per-launch work.
+
+``JITFunction.run`` (``kernel[grid](*args)``) binds and specializes every argument on every
+launch (a generated binder over the whole signature, the cache key, the device and stream
+lookups), and its launcher then calls each tensor's ``data_ptr()`` and asks the driver about
+that address (``cuPointerGetAttribute``). For a kernel of ~45 arguments, 25 of them tensors,
+that is tens of microseconds of host time per launch, paid by every step that runs without
+CUDA graphs (more tokens than the largest captured size) once per hosted norm with an app on.
+
+:class:`CompiledLaunch` launches a kernel already compiled for a specialization the way the
+JIT's own last line does (``CompiledKernel.run(grid, stream, function, packed_metadata,
+launch_metadata, enter hook, exit hook, *args)``, every parameter of the signature in order,
+constexprs included), with pointers passed as integers (device addresses, which the launcher
+takes as they are). The first launch of each specialization goes through the JIT with tensors,
+which compiles it or finds it in Triton's cache. The caller names the specialization with a key:
+any hashable value that determines what Triton specializes the arguments on (each tensor's
+dtype and whether its address is 16-byte aligned, :func:`tensor_spec`; each specialized
+integer's value class; the constexprs' values; ``num_warps``; the device). The tests check that
+equal keys mean equal specializations under the installed Triton. Under ``TRITON_INTERPRET=1``
+(CPU) the JIT returns no compiled kernel, so every launch goes through the interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def tensor_spec(t: torch.Tensor) -> tuple:
+    """What Triton specializes a tensor argument on: its dtype and whether its address is
+    16-byte aligned."""
+    return t.dtype, t.data_ptr() % 16 == 0
+
+
+def as_pointers(args: tuple) -> tuple:
+    """``args`` with each tensor replaced by its device address (what the compiled launch takes)."""
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+class CompiledLaunch:
+    """Launches of one ``@triton.jit`` ``kernel`` on a 1-D grid (module docstring): :meth:`compiled`
+    gives the compiled kernel of a specialization key the JIT has launched (None before, or while
+    a launch hook is set), :meth:`run` launches it, :meth:`jit` launches through the JIT and keeps
+    the compiled kernel for its key."""
+
+    __slots__ = ("kernel", "_compiled")
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self._compiled: dict = {}
+
+    def compiled(self, key):
+        """The compiled kernel of ``key``, or None: not launched yet, or a launch hook (a
+        profiler's, e.g. Proton) is set, which only the JIT hands the launch metadata."""
+        k = self._compiled.get(key)
+        return k if k is not None and _launch_hooks() is None else None
+
+    def run(self, k, grid: int, device: int, ptr_args: tuple) -> None:
+        """Launch compiled kernel ``k`` on ``grid`` programs on the current CUDA stream of
+        ``device`` (its index); ``ptr_args``: every parameter of the signature in order,
+        constexprs included, tensors as their device addresses (:func:`as_pointers`)."""
+        k.run(grid, 1, 1, torch._C._cuda_getCurrentRawStream(device), k.function, k.packed_metadata,
+              None, None, None, *ptr_args)
+
+    def jit(self, key, grid: int, args: tuple, num_warps: int) -> None:
+        """Launch through the JIT (``args``: the signature's parameters in order, constexprs
+        included, tensors as tensors) and keep the compiled kernel for ``key``."""
+        k = self.kernel[(grid,)](*args, num_warps=num_warps)
+        # (the interpreter returns no compiled kernel)
+        if getattr(k, "packed_metadata", None) is not None and getattr(k, "function", None) is not None:
+            self._compiled[key] = k
+
+
+_RUNTIME_KNOBS: list = []  # [triton.knobs.runtime] once looked up ([None] without it)
+
+
+def _launch_hooks():
+    """Triton's launch enter/exit hooks if either is set, else None."""
+    if not _RUNTIME_KNOBS:
+        try:
+            from triton import knobs
+
+            _RUNTIME_KNOBS.append(knobs.runtime)
+        except ImportError:  # (a Triton without knobs has no such hooks)
+            _RUNTIME_KNOBS.append(None)
+    rt = _RUNTIME_KNOBS[0]
+    if rt is None:
+        return None
+    enter, exit_ = getattr(rt, "launch_enter_hook", None), getattr(rt, "launch_exit_hook", None)
+    return None if enter is None and exit_ is None else (enter, exit_)
+
+
+__all__ = ["CompiledLaunch", "as_pointers", "tensor_spec"]
