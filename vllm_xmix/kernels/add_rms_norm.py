@@ -264,9 +264,9 @@ class AddRmsNormLaunch:
         key = self.key(x, residual, weight)
         k = _LAUNCH.compiled(key)
         if k is not None:  # (the JIT launched this specialization before)
-            _LAUNCH.run(k, T, key[-1], self.ptr_args(x, residual, weight, eps))
+            _LAUNCH.run(k, (T,), key[-1], self.ptr_args(x, residual, weight, eps))
         else:
-            _LAUNCH.jit(key, T, self.args(x, residual, weight, eps), self.num_warps(D))
+            _LAUNCH.jit(key, (T,), self.args(x, residual, weight, eps), self.num_warps(D))
 
 
 def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,

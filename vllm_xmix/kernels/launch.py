@@ -48,23 +48,49 @@ class CompiledLaunch:
         self.kernel = kernel
         self._compiled: dict = {}
 
+    def __call__(self, grid: tuple, args: tuple, num_warps: int | None = None) -> None:
+        """Launch on ``grid`` (up to 3 dims) with ``args`` (every parameter of the signature in
+        order, constexprs included, tensors as tensors; on the current stream of the first
+        tensor's device), the key taken from the arguments themselves: each tensor's dtype and
+        alignment, every other argument's value, ``num_warps``, the device. For kernels of a few
+        dozen arguments whose non-tensor arguments take few values (no token count among them)."""
+        ptrs, key, dev = [], [num_warps], None
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                p = a.data_ptr()
+                ptrs.append(p)
+                key.append((a.dtype, p % 16 == 0))
+                if dev is None:
+                    dev = a.get_device()
+            else:
+                ptrs.append(a)
+                key.append(a)
+        key.append(dev)
+        key = tuple(key)
+        k = self.compiled(key)
+        if k is not None:
+            self.run(k, grid, dev, tuple(ptrs))
+        else:
+            self.jit(key, grid, args, num_warps)
+
     def compiled(self, key):
         """The compiled kernel of ``key``, or None: not launched yet, or a launch hook (a
         profiler's, e.g. Proton) is set, which only the JIT hands the launch metadata."""
         k = self._compiled.get(key)
         return k if k is not None and _launch_hooks() is None else None
 
-    def run(self, k, grid: int, device: int, ptr_args: tuple) -> None:
-        """Launch compiled kernel ``k`` on ``grid`` programs on the current CUDA stream of
+    def run(self, k, grid: tuple, device: int, ptr_args: tuple) -> None:
+        """Launch compiled kernel ``k`` on ``grid`` (up to 3 dims) on the current CUDA stream of
         ``device`` (its index); ``ptr_args``: every parameter of the signature in order,
         constexprs included, tensors as their device addresses (:func:`as_pointers`)."""
-        k.run(grid, 1, 1, torch._C._cuda_getCurrentRawStream(device), k.function, k.packed_metadata,
-              None, None, None, *ptr_args)
+        n = len(grid)
+        k.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, torch._C._cuda_getCurrentRawStream(device),
+              k.function, k.packed_metadata, None, None, None, *ptr_args)
 
-    def jit(self, key, grid: int, args: tuple, num_warps: int) -> None:
+    def jit(self, key, grid: tuple, args: tuple, num_warps: int | None) -> None:
         """Launch through the JIT (``args``: the signature's parameters in order, constexprs
         included, tensors as tensors) and keep the compiled kernel for ``key``."""
-        k = self.kernel[(grid,)](*args, num_warps=num_warps)
+        k = self.kernel[grid](*args) if num_warps is None else self.kernel[grid](*args, num_warps=num_warps)
         # (the interpreter returns no compiled kernel)
         if getattr(k, "packed_metadata", None) is not None and getattr(k, "function", None) is not None:
             self._compiled[key] = k

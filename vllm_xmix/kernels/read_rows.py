@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from .launch import CompiledLaunch
 from .steer_add import HAS_TRITON
 
 PROBE, CAPTURE, COSINE = 2, 3, 4  # entry kinds (writes use 0 / 1, kernels.row_write)
@@ -63,6 +64,9 @@ if HAS_TRITON:
                                 s = 1.0 / (1.0 + tl.exp(-s))
                         tl.store(out_ptr + t * stride_out + col, s)
 
+    #: the kernel's launches, through its compiled handles once the JIT has made them (launch.py)
+    _LAUNCH = CompiledLaunch(_read_rows_kernel)
+
 
 def read_rows_reference(h: torch.Tensor, other: torch.Tensor | None, tok_slot: torch.Tensor, coef: torch.Tensor,
                         entries: list[int], kinds: list[int], cols: list[int], flags: list[int], bias: list[float],
@@ -96,7 +100,6 @@ def read_rows_triton(h, other, tok_slot, coef, entries_dev, kinds_dev, cols_dev,
         return
     assert h.stride(1) == 1 and (other is None or other.stride(1) == 1)
     o = other if other is not None else h
-    _read_rows_kernel[(T,)](h, h.stride(0), o, o.stride(0), tok_slot, coef, coef.stride(0), entries_dev, kinds_dev,
-                            cols_dev, flags_dev, bias_dev, vectors, vectors.stride(0), out, out.stride(0),
-                            entries_dev.shape[0], D, HAS_OTHER=other is not None,
-                            BLOCK_D=triton.next_power_of_2(D))
+    _LAUNCH((T,), (h, h.stride(0), o, o.stride(0), tok_slot, coef, coef.stride(0), entries_dev, kinds_dev,
+                   cols_dev, flags_dev, bias_dev, vectors, vectors.stride(0), out, out.stride(0),
+                   entries_dev.shape[0], D, other is not None, triton.next_power_of_2(D)))

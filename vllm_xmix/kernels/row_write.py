@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from .launch import CompiledLaunch
 from .steer_add import HAS_TRITON
 
 ADD, PROJ = 0, 1
@@ -80,6 +81,9 @@ if HAS_TRITON:
                     tl.store(row, (x.to(tl.float32) + coeff * r).to(x.dtype), mask=m)
                 tl.debug_barrier()
 
+    #: the kernel's launches, through its compiled handles once the JIT has made them (launch.py)
+    _LAUNCH = CompiledLaunch(_row_write_kernel)
+
 
 def row_write_reference(h: torch.Tensor, other: torch.Tensor | None, tok_slot: torch.Tensor, coef: torch.Tensor,
                         entries: list[int], kinds: list[int], values: list[float], vectors: torch.Tensor,
@@ -122,9 +126,8 @@ def row_write_triton(h, other, tok_slot, coef, entries_dev, kinds_dev, values_de
     cur, prev = c.get("tok_cur", tok_slot), c.get("tok_prev", tok_slot)
     bm, out, mean = c.get("bitmaps", kinds_dev), c.get("out", coef), c.get("req_mean", coef)
     latch = c.get("latch_pos", tok_slot.view(1, -1))
-    _row_write_kernel[(T,)](h, h.stride(0), o, o.stride(0), tok_slot, coef, coef.stride(0), entries_dev, kinds_dev,
-                            values_dev, vectors, vectors.stride(0), m, m.stride(0), entries_dev.shape[0], D,
-                            ci, cthr, pos, plen, cur, prev, bm, bm.shape[-1] if bm.dim() == 2 else 0,
-                            out, out.stride(0), mean, mean.stride(0), latch, latch.stride(0),
-                            HAS_OTHER=other is not None, HAS_MULT=mult is not None, HAS_COND=cond is not None,
-                            BLOCK_D=min(block_d, triton.next_power_of_2(D)))
+    _LAUNCH((T,), (h, h.stride(0), o, o.stride(0), tok_slot, coef, coef.stride(0), entries_dev, kinds_dev,
+                   values_dev, vectors, vectors.stride(0), m, m.stride(0), entries_dev.shape[0], D,
+                   ci, cthr, pos, plen, cur, prev, bm, bm.shape[-1] if bm.dim() == 2 else 0,
+                   out, out.stride(0), mean, mean.stride(0), latch, latch.stride(0),
+                   other is not None, mult is not None, cond is not None, min(block_d, triton.next_power_of_2(D))))

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from .launch import CompiledLaunch
+
 try:  # Triton is optional (CPU-only installs may lack a usable backend).
     import triton
     import triton.language as tl
@@ -88,6 +90,9 @@ if HAS_TRITON:
         h = tl.load(row, mask=mm, other=0.0)
         tl.store(row, (h.to(tl.float32) + acc).to(h.dtype), mask=mm)
 
+    #: the kernel's launches, through its compiled handles once the JIT has made them (launch.py)
+    _LAUNCH = CompiledLaunch(_steer_add_kernel)
+
 
 def steer_add_triton(h: torch.Tensor, tok_slot: torch.Tensor, coef: torch.Tensor,
                      entries: torch.Tensor, vectors: torch.Tensor, block_d: int = 512) -> None:
@@ -97,8 +102,8 @@ def steer_add_triton(h: torch.Tensor, tok_slot: torch.Tensor, coef: torch.Tensor
         return
     assert h.stride(1) == 1, "h: last dim must be contiguous"
     grid = (T, triton.cdiv(D, block_d))
-    _steer_add_kernel[grid](h, h.stride(0), tok_slot, coef, coef.stride(0), entries, vectors,
-                            vectors.stride(0), entries.shape[0], D, BLOCK_D=block_d)
+    _LAUNCH(grid, (h, h.stride(0), tok_slot, coef, coef.stride(0), entries, vectors, vectors.stride(0),
+                   entries.shape[0], D, block_d))
 
 
 def steer_add(h, tok_slot, coef, entries, vectors) -> None:
