@@ -503,13 +503,18 @@ def _cond_triton_check(device: str) -> None:
     g = torch.Generator().manual_seed(9)
     ids = torch.randint(0, 50, (T,), generator=g).to(device)
     hist0 = torch.randint(0, 50, (4, 16), generator=g, dtype=torch.int32).to(device)
+    # a step holds each request's tokens as one run in position order (vLLM's layout): the state's
+    # later tokens of slots 1 and 2 (t = 10, 11) would read history their slot's earlier run writes
+    # in the same launch, which CUDA programs order arbitrarily; here they belong to no request
+    tok_slot = st["tok_slot"].clone()
+    tok_slot[10:12] = 0
     res = []
     for impl in (note_tokens_reference, note_tokens_triton):
         hist, cur, prev = hist0.clone(), torch.zeros(T + 2, dtype=torch.int64, device=device), \
             torch.full((T + 2,), -5, dtype=torch.int64, device=device)
-        impl(ids, st["tok_slot"], st["tok_pos"], hist, cur, prev)
+        impl(ids, tok_slot, st["tok_pos"], hist, cur, prev)
         res.append((hist, cur, prev))
-    on = st["tok_slot"][:T] != 0
+    on = tok_slot[:T] != 0
     assert torch.equal(res[0][0][1:], res[1][0][1:])  # row 0 is the reference's trash row
     assert torch.equal(res[0][1][:T][on], res[1][1][:T][on]) and torch.equal(res[0][2][:T][on], res[1][2][:T][on])
     # token 1 follows token 0 of the same request: its previous token comes from this step
@@ -833,6 +838,34 @@ def test_norm_launch_args_follow_the_kernels_signature():
     # the compiled launch's: the same, each tensor as its address
     assert launch.ptr_args(x, r, w, eps) == tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v
                                                   for v in want.values())
+
+
+def test_compiled_launch_is_off_only_while_a_launch_hook_is_registered():
+    """Triton 3.6 keeps its launch hooks as (empty) hook chains: an empty chain must not turn the
+    compiled launch off (it did: every launch then went through the JIT), a registered hook must
+    (only the JIT hands hooks the launch metadata)."""
+    knobs = pytest.importorskip("triton.knobs")
+    from vllm_xmix.kernels.launch import _launch_hooks
+
+    assert _launch_hooks() is None
+    rt = knobs.runtime
+
+    def hook(*args, **kwargs):
+        return None
+
+    if hasattr(rt.launch_enter_hook, "add"):
+        rt.launch_enter_hook.add(hook)
+        try:
+            assert _launch_hooks() is not None
+        finally:
+            rt.launch_enter_hook.remove(hook)
+    else:
+        old, rt.launch_enter_hook = rt.launch_enter_hook, hook
+        try:
+            assert _launch_hooks() is not None
+        finally:
+            rt.launch_enter_hook = old
+    assert _launch_hooks() is None
 
 
 def test_norm_launch_key_determines_tritons_specialization():

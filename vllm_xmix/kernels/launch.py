@@ -100,7 +100,9 @@ _RUNTIME_KNOBS: list = []  # [triton.knobs.runtime] once looked up ([None] witho
 
 
 def _launch_hooks():
-    """Triton's launch enter/exit hooks if either is set, else None."""
+    """Triton's launch enter/exit hooks if either is set, else None. Triton 3.6 keeps each as a
+    ``HookChain`` (a list of hooks, empty unless a profiler registered one): an empty chain is
+    no hook."""
     if not _RUNTIME_KNOBS:
         try:
             from triton import knobs
@@ -112,7 +114,15 @@ def _launch_hooks():
     if rt is None:
         return None
     enter, exit_ = getattr(rt, "launch_enter_hook", None), getattr(rt, "launch_exit_hook", None)
-    return None if enter is None and exit_ is None else (enter, exit_)
+    return None if not (_is_set(enter) or _is_set(exit_)) else (enter, exit_)
+
+
+def _is_set(hook) -> bool:
+    """Whether ``hook`` (None, a callable, or a ``HookChain``) would call anything."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return calls is None or len(calls) > 0
 
 
 __all__ = ["CompiledLaunch", "as_pointers", "tensor_spec"]
