@@ -265,6 +265,15 @@ def test_hooks_check_compare_names_what_ran_and_takes_a_plain_file(tmp_path, cap
     out = capsys.readouterr().out
     assert "none                 graphs==plain-graphs-tp2 1/2" in out and "add " not in out
     assert "logprobs graphs vs plain-graphs-tp2: bit-identical 0/1 requests with equal tokens, max |diff| 1e-07" in out
+    # a file kept compressed reads the same; a missing one is named, not an AttributeError
+    import gzip
+
+    with gzip.open(tmp_path / "b.json.gz", "wt") as f:
+        f.write(json.dumps(b))
+    hooks_check.compare(str(tmp_path / "a.json"), str(tmp_path / "b.json.gz"))
+    assert "add                  graphs==graphs-tp2 1/2" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="no result file .*missing.json"):
+        hooks_check.compare(str(tmp_path / "a.json"), str(tmp_path / "missing.json"))
 
 
 def test_serving_timeline_counts_the_gaps_in_which_no_request_got_a_token():

@@ -2,7 +2,8 @@
 # poll.sh MARKER SECONDS: wait until the plan's log (/root/run.out) has the line MARKER (or
 # ALLDONE), at most SECONDS, then pack what the plan has written into one file, $OUT/plan.tgz
 # (the device tool brings back only a few files per command): /root/res whole, and of each
-# server folder under /root/xmix-serve the small files and the last 4 kB of each server log.
+# server folder under /root/xmix-serve the small files, the last 4 kB of each server log and its
+# first tracebacks.
 W=$1; T=${2:-540}
 end=$((SECONDS + T))
 while [ $SECONDS -lt $end ]; do
@@ -18,6 +19,12 @@ for S in /root/xmix-serve/*/; do
   [ -d "$S" ] || continue
   n=$(basename "$S"); mkdir -p "$P/serve/$n"
   cp "$S"/{results.json,servers.json,latest.json,summary.md} "$P/serve/$n/" 2>/dev/null
-  for log in "$S"/*.log; do [ -f "$log" ] && tail -c 4000 "$log" > "$P/serve/$n/$(basename "$log").tail"; done
+  for log in "$S"/*.log; do
+    [ -f "$log" ] || continue
+    tail -c 4000 "$log" > "$P/serve/$n/$(basename "$log").tail"
+    # a dead engine's root cause lies far above its log's end: the first tracebacks, whole
+    grep -n -B 3 -A 60 -m 3 "Traceback" "$log" | head -c 30000 > "$P/serve/$n/$(basename "$log").errors"
+    [ -s "$P/serve/$n/$(basename "$log").errors" ] || rm -f "$P/serve/$n/$(basename "$log").errors"
+  done
 done
 tar czf "$OUT/plan.tgz" -C "$P" . && rm -rf "$P" && ls -la "$OUT/plan.tgz"

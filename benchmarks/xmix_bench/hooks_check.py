@@ -17,8 +17,10 @@ prompts are prefilled in chunks. Inside each run:
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import os
 
 from . import common
 
@@ -234,10 +236,24 @@ def _label(r: dict) -> str:
     return ("plain-" + lab) if r.get("plain") else lab
 
 
+def read_result(path: str) -> dict:
+    """A hooks-check result file: ``.json``, or ``.json.gz`` as kept under ``results/``.
+
+    Raises:
+        FileNotFoundError: naming the file (its engine's run failed or wrote elsewhere)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"hooks-check --compare: no result file {path} (did that engine's run fail? "
+                                "see its log)")
+    if path.endswith(".gz"):
+        with gzip.open(path, "rt") as f:
+            return json.load(f)
+    return common.read_json(path)
+
+
 def compare(a_path: str, b_path: str) -> None:
     import numpy as np
 
-    a, b = common.read_json(a_path), common.read_json(b_path)
+    a, b = read_result(a_path), read_result(b_path)
     la, lb = _label(a), _label(b)
     base = a["tokens"]["none"]
     for name, ta in a["tokens"].items():
