@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from .launch import CompiledLaunch
 from .steer_add import HAS_TRITON
 
 if HAS_TRITON:
@@ -93,6 +94,9 @@ if HAS_TRITON:
                     prev = tl.load(hist_ptr + s * stride_hist + pos - 1).to(tl.int64)
             tl.store(prev_ptr + t, prev)
 
+    #: the kernel's launches, through its compiled handles once the JIT has made them (launch.py)
+    _NOTE_TOKENS = CompiledLaunch(_note_tokens_kernel)
+
 
 _OPS = (torch.gt, torch.ge, torch.lt, torch.le)
 
@@ -144,4 +148,4 @@ def note_tokens_triton(input_ids, tok_slot, tok_pos, hist, tok_cur, tok_prev) ->
     T = input_ids.shape[0]
     if T == 0:
         return
-    _note_tokens_kernel[(T,)](input_ids, tok_slot, tok_pos, hist, hist.stride(0), tok_cur, tok_prev)
+    _NOTE_TOKENS((T,), (input_ids, tok_slot, tok_pos, hist, hist.stride(0), tok_cur, tok_prev))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from .launch import CompiledLaunch
 from .steer_add import HAS_TRITON
 
 #: the latch position of a request whose read has not crossed: larger than any position
@@ -54,6 +55,9 @@ if HAS_TRITON:
                     ok = tl.where(op == 0, v > thr, tl.where(op == 1, v >= thr, tl.where(op == 2, v < thr, v <= thr)))
                     k = tl.load(latch_i_ptr + e * 2).to(tl.int64)
                     tl.atomic_min(latch_ptr + slot * stride_latch + k, pos, mask=ok)
+
+    #: the kernel's launches, through its compiled handles once the JIT has made them (launch.py)
+    _LAUNCH = CompiledLaunch(_latch_set_kernel)
 
 
 _OPS = (torch.gt, torch.ge, torch.lt, torch.le)
@@ -83,5 +87,5 @@ def latch_set_triton(out, tok_slot, tok_pos, coef, entries_dev, latch_i, latch_t
     """The kernel (CUDA tensors; ``entries_dev`` int32 device tensor of the site's entries)."""
     if T == 0:
         return
-    _latch_set_kernel[(T,)](out, out.stride(0), tok_slot, tok_pos, coef, coef.stride(0), entries_dev, latch_i,
-                            latch_thr, cols_dev, latch_pos, latch_pos.stride(0), entries_dev.shape[0])
+    _LAUNCH((T,), (out, out.stride(0), tok_slot, tok_pos, coef, coef.stride(0), entries_dev, latch_i,
+                   latch_thr, cols_dev, latch_pos, latch_pos.stride(0), entries_dev.shape[0]))

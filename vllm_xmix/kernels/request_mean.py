@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from .launch import CompiledLaunch
 from .steer_add import HAS_TRITON
 
 if HAS_TRITON:
@@ -54,6 +55,10 @@ if HAS_TRITON:
             if (pos < tl.load(plen_ptr + s)) & (tl.load(coef_ptr + s * stride_coef + e) != 0.0):
                 tl.store(vals_ptr + s * stride_v + pos, tl.load(out_ptr + t.to(tl.int64) * stride_out + col))
 
+    #: the kernels' launches, through their compiled handles once the JIT has made them (launch.py)
+    _MEAN = CompiledLaunch(_request_mean_kernel)
+    _STORE = CompiledLaunch(_store_kernel)
+
 
 def store_values_reference(vals, out, col: int, tok_slot, tok_pos, slot_plen, coef, e: int, T: int) -> None:
     """Torch version (static shapes; tokens that do not store write into row 0, the null slot)."""
@@ -68,8 +73,8 @@ def store_values_reference(vals, out, col: int, tok_slot, tok_pos, slot_plen, co
 def store_values_triton(vals, out, col: int, tok_slot, tok_pos, slot_plen, coef, e: int, T: int) -> None:
     if T == 0:
         return
-    _store_kernel[(T,)](vals, vals.stride(0), out, out.stride(0), col, tok_slot, tok_pos, slot_plen, coef,
-                        coef.stride(0), e)
+    _STORE((T,), (vals, vals.stride(0), out, out.stride(0), col, tok_slot, tok_pos, slot_plen, coef,
+                   coef.stride(0), e))
 
 
 def request_mean_reference(vals: torch.Tensor, tok_slot: torch.Tensor, tok_pos: torch.Tensor,
@@ -88,5 +93,4 @@ def request_mean_reference(vals: torch.Tensor, tok_slot: torch.Tensor, tok_pos: 
 def request_mean_triton(vals, tok_slot, tok_pos, slot_plen, req_mean, k: int, T: int, block: int = 256) -> None:
     if T == 0:
         return
-    _request_mean_kernel[(T,)](vals, vals.stride(0), tok_slot, tok_pos, slot_plen, req_mean, req_mean.stride(0), k,
-                               BLOCK=block)
+    _MEAN((T,), (vals, vals.stride(0), tok_slot, tok_pos, slot_plen, req_mean, req_mean.stride(0), k, block))
