@@ -1,7 +1,7 @@
 #!/bin/bash
 # Llama-3.1-8B served rounds with recorded engine steps and a second plain server (A/A control):
 # rate 16 and saturation (2 rounds each); with SATDIAG=1 first the in-process saturation
-# health of four engines (~8 min more). Markers: SATDIAG NORM UP R16 SAT APIPROF R16MORE DONE ALLDONE. See README.md.
+# health of four engines (~8 min more). Markers: SATDIAG KTEST NORM UP R16 SAT APIPROF R16MORE DONE ALLDONE. See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
 R=/root/res; S=/root/xmix-serve/llama; mkdir -p $R $S
@@ -12,6 +12,10 @@ if [ "${SATDIAG:-0}" = 1 ]; then
     > $R/saturation.log 2>&1; echo "rc=$?"
 fi
 echo SATDIAG
+# the kernels against their torch references on CUDA, the compiled launches included (~1 min)
+python3 -m pytest -q tests/test_kernels.py -k "cuda or launch" > $R/kernel_tests.log 2>&1; echo "rc=$?"
+tail -2 $R/kernel_tests.log
+echo KTEST
 # the host time of a hosted norm per call, apps off and with its sites' writes on (the fused
 # Triton kernel's launch), against vLLM's kernel: what each of 31 norms costs in a step above
 # the largest CUDA graph (~1 min)
