@@ -871,9 +871,10 @@ def test_compiled_launch_is_off_only_while_a_launch_hook_is_registered():
 def test_norm_launch_key_determines_tritons_specialization():
     """Launches with equal keys must be launches Triton specializes alike (the compiled kernel of
     the first is reused for the rest): Triton's own binder (its per-launch specialization of
-    every argument, under the installed Triton) gives equal specializations wherever the
-    launch's key is equal, over token counts, dtypes, aligned and unaligned tensors, strides and
-    other weights; and the key tells apart what Triton tells apart."""
+    every argument, and the launch options, under the installed Triton) gives equal results
+    wherever the launch's key is equal, over token counts, dtypes, aligned and unaligned
+    tensors, strides, other weights and the launch's warps; the inputs cover several
+    specializations, so the key has to tell them apart."""
     triton_jit = pytest.importorskip("triton.runtime.jit")
     from triton.backends.compiler import BaseBackend
 
@@ -884,28 +885,63 @@ def test_norm_launch_key_determines_tritons_specialization():
     _, D, S, kinds_, ents, row = NORM_CASES[1]
     _, _, w, eps, tok_slot, coef, entries, kinds, values, vec, row = make_norm_inputs(4, D, S, kinds_, ents, row,
                                                                                       torch.float32, "cpu")
-    launch = AddRmsNormLaunch(tok_slot, coef, torch.tensor(entries, dtype=torch.int32),
-                              torch.tensor(kinds, dtype=torch.int32), torch.tensor(values), vec, row)
     seen: dict = {}
     specs = set()
+    for warps in (None, 8):
+        launch = AddRmsNormLaunch(tok_slot, coef, torch.tensor(entries, dtype=torch.int32),
+                                  torch.tensor(kinds, dtype=torch.int32), torch.tensor(values), vec, row,
+                                  num_warps=warps)
+        for dtype in (torch.float32, torch.bfloat16):
+            wt = w.to(dtype)
+            wbuf = torch.empty(D + 1, dtype=dtype)
+            for T in (1, 2, 16, 17):
+                for x_off, r_off, wmis, xpad, rpad in [(0, 0, False, 0, 0), (1, 0, False, 0, 0), (0, 1, False, 0, 0),
+                                                       (0, 0, True, 0, 0), (1, 1, True, 0, 0), (0, 0, False, 12, 0),
+                                                       (0, 0, False, 0, 12), (0, 0, False, 3, 3)]:  # 112: 16 | stride
+                    xb = torch.zeros(T * (D + xpad) + 1, dtype=dtype)
+                    rb = torch.zeros(T * (D + rpad) + 1, dtype=dtype)
+                    x = xb[x_off:x_off + T * (D + xpad)].view(T, D + xpad)[:, :D]
+                    r = rb[r_off:r_off + T * (D + rpad)].view(T, D + rpad)[:, :D]
+                    ww = wbuf[1:] if wmis else wt
+                    key = launch.key(x, r, ww)
+                    _, spec, options = binder(*launch.args(x, r, ww, eps), num_warps=launch.num_warps(D))
+                    spec = (tuple(spec), options.get("num_warps"))
+                    specs.add(spec)
+                    assert seen.setdefault(key, spec) == spec, (warps, dtype, T, x_off, r_off, wmis, xpad, rpad)
+    assert len(specs) >= 16
+
+
+def test_compiled_launch_key_determines_tritons_specialization():
+    """The generic key of ``CompiledLaunch`` (the add, row, read and condition kernels): equal keys
+    only for launches Triton's binder specializes alike (the add kernel here, over dtypes,
+    alignment, strides and entry counts), and a key that tells ``True``, ``1`` and ``1.0`` apart
+    (equal in Python, a bool, a constexpr 1 and a float to Triton)."""
+    triton_jit = pytest.importorskip("triton.runtime.jit")
+    from triton.backends.compiler import BaseBackend
+
+    from vllm_xmix.kernels.launch import CompiledLaunch
+    from vllm_xmix.kernels.steer_add import _steer_add_kernel as K
+
+    binder = triton_jit.create_function_from_signature(K.signature, K.params, BaseBackend)
+    seen: dict = {}
+    specs = set()
+    tok_slot, coef = torch.zeros(20, dtype=torch.int32), torch.zeros(4, 3)
     for dtype in (torch.float32, torch.bfloat16):
-        wt = w.to(dtype)
-        wbuf = torch.empty(D + 1, dtype=dtype)
-        for T in (1, 2, 16, 17):
-            for x_off, r_off, wmis, xpad, rpad in [(0, 0, False, 0, 0), (1, 0, False, 0, 0), (0, 1, False, 0, 0),
-                                                   (0, 0, True, 0, 0), (1, 1, True, 0, 0), (0, 0, False, 12, 0),
-                                                   (0, 0, False, 0, 12), (0, 0, False, 3, 3)]:  # 112: 16 | stride
-                xb = torch.zeros(T * (D + xpad) + 1, dtype=dtype)
-                rb = torch.zeros(T * (D + rpad) + 1, dtype=dtype)
-                x = xb[x_off:x_off + T * (D + xpad)].view(T, D + xpad)[:, :D]
-                r = rb[r_off:r_off + T * (D + rpad)].view(T, D + rpad)[:, :D]
-                ww = wbuf[1:] if wmis else wt
-                key = launch.key(x, r, ww)
-                _, spec, _ = binder(*launch.args(x, r, ww, eps), num_warps=launch.num_warps(D))
-                spec = tuple(spec)
-                specs.add(spec)
-                assert seen.setdefault(key, spec) == spec, (dtype, T, x_off, r_off, wmis, xpad, rpad)
-    assert len(seen) >= len(specs) > 4
+        for off, pad, n_ent in [(0, 0, 1), (1, 0, 1), (0, 12, 1), (0, 3, 2), (1, 12, 16), (0, 0, 16)]:
+            D = 100
+            buf = torch.zeros(5 * (D + pad) + 1, dtype=dtype)
+            h = buf[off:off + 5 * (D + pad)].view(5, D + pad)[:, :D]
+            ents = torch.zeros(n_ent, dtype=torch.int32)
+            vec = torch.zeros(3, D + pad)
+            args = (h, h.stride(0), tok_slot, coef, coef.stride(0), ents, vec, vec.stride(0), ents.shape[0], D, 128)
+            key, ptrs = CompiledLaunch.key_and_pointers(args, None)
+            assert ptrs == tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+            spec = tuple(binder(*args)[1])
+            specs.add(spec)
+            assert seen.setdefault(key, spec) == spec, (dtype, off, pad, n_ent)
+    assert len(specs) >= 6
+    keys = {CompiledLaunch.key_and_pointers((v,), None)[0] for v in (True, 1, 1.0)}
+    assert len(keys) == 3
 
 
 def test_plain_norm_on_cpu_is_vllms_compiled_kernel():

@@ -110,7 +110,8 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     on: vLLM's norm (:func:`plain_add_rms_norm`: its compiled kernel on CUDA and on CPU builds
     that have one).
     Sites on (on CUDA): one kernel applies their writes in order, conditional ones included (the
-    gates evaluated inline), and the norm (``add_rms_norm_triton``), then the reads of the last
+    gates evaluated inline), and the norm (``kernels.add_rms_norm``: an ``AddRmsNormLaunch`` kept
+    per pair of site plans, :func:`_norm_launch`), then the reads of the last
     site on (on the stream as the kernel rounded it, ``residual``); when the first of two sites
     has reads, the same kernel applies each site's writes alone, each site's reads see the
     stream rounded the same way, then the kernel applies the norm alone (the same arithmetic
@@ -158,7 +159,7 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     plain_add_rms_norm(x, residual, weight, eps)
 
 
-#: launches kept per state (``XmixState.norm_launches``) before the oldest are dropped (an eager
+#: launches kept per state (``XmixState.norm_launches``) before the cache is emptied (an eager
 #: engine's run masks follow its requests' layer subsets, and so do its site plans)
 _MAX_NORM_LAUNCHES = 1024
 

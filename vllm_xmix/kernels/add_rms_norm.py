@@ -222,33 +222,42 @@ class AddRmsNormLaunch:
         # the same with the tensors as device addresses, for the compiled launch (launch.py)
         self._mid_ptrs, self._tail_ptrs = as_pointers(self._mid), as_pointers(self._tail)
         self._num_warps = num_warps
-        self._width = (0, 0, 0)  # (D, BLOCK_D, num_warps) of the last launch
+        self._width = (0, 0, 0)  # (D, BLOCK_D, num_warps) of the last width (_dims)
+
+    def _dims(self, D: int) -> tuple[int, int, int]:
+        """``(D, BLOCK_D, num_warps)`` for width ``D`` (kept for the last width)."""
+        if self._width[0] != D:
+            block = triton.next_power_of_2(D)
+            self._width = (D, block, self._num_warps or (8 if block >= 2048 else 4))
+        return self._width
+
+    def num_warps(self, D: int) -> int:
+        """The launch's warps per program for width ``D`` (the constructor's, else 8 from a block
+        of 2048 on, else 4)."""
+        return self._dims(D)[2]
+
+    def key(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> tuple:
+        """What Triton's specialization of a launch on these tensors depends on (with the bound
+        arguments', fixed): dtypes, the width, the row strides, whether each address is 16-byte
+        aligned and on CUDA, ``num_warps``, and last the current CUDA device (-1 for CPU
+        tensors), whose compiled kernel the JIT made (:mod:`.launch`)."""
+        D = x.shape[1]
+        cuda = x.is_cuda
+        return (self._static_key, x.dtype, weight.dtype, D, x.stride(0), residual.stride(0),
+                x.data_ptr() % 16 == 0, residual.data_ptr() % 16 == 0, weight.data_ptr() % 16 == 0,
+                residual.is_cuda, weight.is_cuda, self._dims(D)[2], torch._C._cuda_getDevice() if cuda else -1)
 
     def args(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple:
         """Every argument of ``_add_rms_norm_kernel``'s signature, in order, constexprs included."""
         D = x.shape[1]
         return ((x, x.stride(0), residual, residual.stride(0), weight) + self._mid + (D, float(eps)) + self._tail
-                + (triton.next_power_of_2(D),))
-
-    def num_warps(self, D: int) -> int:
-        """The launch's warps per program for width ``D`` (the constructor's, else 8 from a block
-        of 2048 on, else 4)."""
-        return self._num_warps or (8 if triton.next_power_of_2(D) >= 2048 else 4)
-
-    def key(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> tuple:
-        """What Triton's specialization of a launch on these tensors depends on (with the bound
-        arguments', fixed): dtypes, the width, the row strides, whether each address is 16-byte
-        aligned, the device (:mod:`.launch`)."""
-        return (self._static_key, x.dtype, weight.dtype, x.shape[1], x.stride(0), residual.stride(0),
-                x.data_ptr() % 16 == 0, residual.data_ptr() % 16 == 0, weight.data_ptr() % 16 == 0, x.get_device())
+                + (self._dims(D)[1],))
 
     def ptr_args(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple:
         """:meth:`args` with every tensor as its device address (the compiled launch's)."""
         D = x.shape[1]
-        if self._width[0] != D:
-            self._width = (D, triton.next_power_of_2(D), self.num_warps(D))
         return ((x.data_ptr(), x.stride(0), residual.data_ptr(), residual.stride(0), weight.data_ptr())
-                + self._mid_ptrs + (D, float(eps)) + self._tail_ptrs + (self._width[1],))
+                + self._mid_ptrs + (D, float(eps)) + self._tail_ptrs + (self._dims(D)[1],))
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
         """Apply the writes and the norm (module docstring) to ``x`` / ``residual`` ``[T, D]``, in
@@ -284,8 +293,9 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     arithmetic as with the norm, so a site's writes do not depend on which path applied them);
     ``num_warps``: the launch's warps per program (default: 8 from ``D`` >= 2048, else 4; one
     value for every launch of a site, since the norm's reduction order follows it).
-    Mutates ``x`` and ``residual``. One launch through the JIT: a caller that launches the same
-    tables and sites again keeps an :class:`AddRmsNormLaunch` instead.
+    Mutates ``x`` and ``residual``. Builds an :class:`AddRmsNormLaunch` per call (a caller that
+    launches the same tables and sites again keeps one instead); its launch goes through the
+    compiled kernel of an equal key launched before, in this process.
 
     Raises:
         ValueError: ``x`` / ``residual`` of different shapes or dtypes, a last dim that is not

@@ -2,9 +2,10 @@
 
 ``JITFunction.run`` (``kernel[grid](*args)``) binds and specializes every argument on every
 launch (a generated binder over the whole signature, the cache key, the device and stream
-lookups), and its launcher then calls each tensor's ``data_ptr()`` and asks the driver about
-that address (``cuPointerGetAttribute``). For a kernel of ~45 arguments, 25 of them tensors,
-that is tens of microseconds of host time per launch, paid by every step that runs without
+lookups, Triton 3.6's launch-hook chains), and its launcher then calls each tensor's
+``data_ptr()`` and asks the driver about that address (``cuPointerGetAttribute``). For a kernel
+of 45 parameters, 22 of them pointers, that was ~100 us of host time per launch on an H100's
+host (benchmarks/RESULTS.md 2026-12-05), paid by every step that runs without
 CUDA graphs (more tokens than the largest captured size) once per hosted norm with an app on.
 
 :class:`CompiledLaunch` launches a kernel already compiled for a specialization the way the
@@ -17,7 +18,10 @@ any hashable value that determines what Triton specializes the arguments on (eac
 dtype and whether its address is 16-byte aligned, :func:`tensor_spec`; each specialized
 integer's value class; the constexprs' values; ``num_warps``; the device). The tests check that
 equal keys mean equal specializations under the installed Triton. Under ``TRITON_INTERPRET=1``
-(CPU) the JIT returns no compiled kernel, so every launch goes through the interpreter.
+(CPU) the JIT returns no compiled kernel, so every launch goes through the interpreter. What the
+compiled launch does not do: a registered launch hook or pre-run hook sends launches through
+the JIT again, but a change of ``knobs.runtime.debug`` or of the instrumentation options after a
+kernel's first launch does not recompile it.
 """
 
 from __future__ import annotations
@@ -50,34 +54,47 @@ class CompiledLaunch:
 
     def __call__(self, grid: tuple, args: tuple, num_warps: int | None = None) -> None:
         """Launch on ``grid`` (up to 3 dims) with ``args`` (every parameter of the signature in
-        order, constexprs included, tensors as tensors; on the current stream of the first
-        tensor's device), the key taken from the arguments themselves: each tensor's dtype and
-        alignment, every other argument's value, ``num_warps``, the device. For kernels of a few
-        dozen arguments whose non-tensor arguments take few values (no token count among them)."""
-        ptrs, key, dev = [], [num_warps], None
+        order, constexprs included, tensors as tensors), on the current CUDA device's current
+        stream, the key taken from the arguments themselves (:meth:`key_and_pointers`). For
+        kernels of a few dozen arguments whose non-tensor arguments take few values (no token
+        count among them)."""
+        key, ptrs = self.key_and_pointers(args, num_warps)
+        k = self.compiled(key)
+        if k is not None:
+            self.run(k, grid, key[-1], ptrs)
+        else:
+            self.jit(key, grid, args, num_warps)
+
+    @staticmethod
+    def key_and_pointers(args: tuple, num_warps: int | None) -> tuple[tuple, tuple]:
+        """(the launch's key, ``args`` with tensors as device addresses). The key holds each
+        tensor's dtype, 16-byte alignment and whether it is on CUDA (a CPU tensor gets the JIT's
+        error, not an address the kernel would fault on), every other argument's type and value
+        (``True``, ``1`` and ``1.0`` are equal in Python, not to Triton), ``num_warps``, and last
+        the current CUDA device (-1 without a CUDA tensor), whose compiled kernel the JIT made."""
+        ptrs, key, dev = [], [num_warps], -1
         for a in args:
             if isinstance(a, torch.Tensor):
                 p = a.data_ptr()
                 ptrs.append(p)
-                key.append((a.dtype, p % 16 == 0))
-                if dev is None:
-                    dev = a.get_device()
+                cuda = a.is_cuda
+                key.append((a.dtype, p % 16 == 0, cuda))
+                if cuda and dev < 0:
+                    dev = torch._C._cuda_getDevice()
             else:
                 ptrs.append(a)
-                key.append(a)
+                key.append((type(a), a))
         key.append(dev)
-        key = tuple(key)
-        k = self.compiled(key)
-        if k is not None:
-            self.run(k, grid, dev, tuple(ptrs))
-        else:
-            self.jit(key, grid, args, num_warps)
+        return tuple(key), tuple(ptrs)
 
     def compiled(self, key):
         """The compiled kernel of ``key``, or None: not launched yet, or a launch hook (a
-        profiler's, e.g. Proton) is set, which only the JIT hands the launch metadata."""
+        profiler's, e.g. Proton) or a pre-run hook of the kernel is set, which only the JIT
+        calls."""
         k = self._compiled.get(key)
-        return k if k is not None and _launch_hooks() is None else None
+        if k is None or _launch_hooks() is not None or getattr(self.kernel, "pre_run_hooks", None):
+            return None
+        return k
 
     def run(self, k, grid: tuple, device: int, ptr_args: tuple) -> None:
         """Launch compiled kernel ``k`` on ``grid`` (up to 3 dims) on the current CUDA stream of
