@@ -8,26 +8,19 @@ norm, the hosted norm off and on, the op through torch's dispatcher, its Python 
 object's lookup and call, its key and pointer arguments, the compiled launch, ``CompiledKernel.run``
 alone, the same kernel through Triton's JIT; then cProfile of 3,000 hosted calls. On a CPU
 (``TRITON_INTERPRET=1``, small ``DIAG_N``) it only checks that the script runs."""
-import cProfile, io, json, os, pstats, sys, tempfile, time
+import cProfile, io, json, os, pstats, sys, time
 sys.path.insert(0, os.getcwd())
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 import torch
 from vllm.forward_context import set_forward_context
 from benchmarks.xmix_bench import common
+from benchmarks.xmix_bench.profile import norm_call_engine
 from vllm_xmix import ops
 from vllm_xmix.kernels import add_rms_norm as arn
 from vllm_xmix.kernels import launch as ln
 
-model = common.write_model_config(tempfile.mkdtemp(prefix="xmix-norm-"), layers=4)
-cfg = common.load_config(model)
-llm, _ = common.make_llm(model, apps=common.serving_apps(cfg, names=["steer_all"]), fused_writes="norm",
-                         dtype="float32", max_model_len=256, eager=True)
-llm.generate([{"prompt_token_ids": [1, 2, 3]}], common.sampling(None, max_tokens=2), use_tqdm=False)
-runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-norm = next(m for n, m in runner.model.named_modules() if n.endswith("layers.1.input_layernorm"))
-dev = norm.weight.device
 T = 8
-x, r = torch.randn(T, cfg["hidden_size"], device=dev), torch.randn(T, cfg["hidden_size"], device=dev)
+llm, runner, norm, x, r = norm_call_engine(T)
 w, eps = norm.weight.data, norm.variance_epsilon
 st = common.xmix_state(llm)
 var = st.variants

@@ -392,6 +392,33 @@ def compare(a: dict, b: dict, la: str = "A", lb: str = "B") -> str:
 # ------------------------------------------------------------------------------ host time, CPU
 
 
+def norm_call_engine(tokens: int):
+    """``profile norm-call``'s engine and call: an in-process eager engine on this machine's
+    device (4-layer Llama config, d_model 64, float32, steer_all deployed, ``fused_writes="norm"``)
+    after one request (the hook self-check passed), and layer 1's input norm with random ``x`` /
+    ``residual`` ``[tokens, 64]`` for it: ``(llm, model runner, norm module, x, residual)``.
+
+    Raises:
+        RuntimeError: layer 1's norm does not host sites."""
+    import torch
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model in this process
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    model = common.write_model_config(tempfile.mkdtemp(prefix="xmix-norm-"), layers=4)
+    cfg = common.load_config(model)
+    llm, _ = common.make_llm(model, apps=common.serving_apps(cfg, names=["steer_all"]), fused_writes="norm",
+                             dtype="float32", max_model_len=256, eager=True)
+    # one request first: the hook self-check passes in the first real forward, as in a serving engine
+    llm.generate([{"prompt_token_ids": [1, 2, 3]}], common.sampling(None, max_tokens=2), use_tqdm=False)
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    norm = next(m for n, m in runner.model.named_modules() if n.endswith("layers.1.input_layernorm"))
+    if getattr(norm.forward, "func", None) is None:
+        raise RuntimeError("profile norm-call: layer 1's input norm does not host hook sites")
+    dev = norm.weight.device
+    x, r = torch.randn(tokens, cfg["hidden_size"], device=dev), torch.randn(tokens, cfg["hidden_size"], device=dev)
+    return llm, runner, norm, x, r
+
+
 def norm_call(tokens: int = 8, calls: int = 20000, repeats: int = 3, on: bool = False) -> dict:
     """Host microseconds per call of a norm hosting hook sites (``fused_writes="norm"``,
     ``ops.hook_norm_``) in a forward where no app is on (``on``: every deployed site on, so the
@@ -411,20 +438,8 @@ def norm_call(tokens: int = 8, calls: int = 20000, repeats: int = 3, on: bool = 
 
     from vllm_xmix.ops import plain_add_rms_norm
 
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the model in this process
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    model = common.write_model_config(tempfile.mkdtemp(prefix="xmix-norm-"), layers=4)
-    cfg = common.load_config(model)
-    llm, _ = common.make_llm(model, apps=common.serving_apps(cfg, names=["steer_all"]), fused_writes="norm",
-                             dtype="float32", max_model_len=256, eager=True)
-    # one request first: the hook self-check passes in the first real forward, as in a serving engine
-    llm.generate([{"prompt_token_ids": [1, 2, 3]}], common.sampling(None, max_tokens=2), use_tqdm=False)
-    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-    norm = next(m for n, m in runner.model.named_modules() if n.endswith("layers.1.input_layernorm"))
-    if getattr(norm.forward, "func", None) is None:
-        raise RuntimeError("profile norm-call: layer 1's input norm does not host hook sites")
+    llm, runner, norm, x, r = norm_call_engine(tokens)
     dev = norm.weight.device
-    x, r = torch.randn(tokens, cfg["hidden_size"], device=dev), torch.randn(tokens, cfg["hidden_size"], device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     state = common.xmix_state(llm)
     var = state.variants
