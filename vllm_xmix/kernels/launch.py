@@ -41,10 +41,11 @@ def as_pointers(args: tuple) -> tuple:
 
 
 class CompiledLaunch:
-    """Launches of one ``@triton.jit`` ``kernel`` on a 1-D grid (module docstring): :meth:`compiled`
-    gives the compiled kernel of a specialization key the JIT has launched (None before, or while
-    a launch hook is set), :meth:`run` launches it, :meth:`jit` launches through the JIT and keeps
-    the compiled kernel for its key."""
+    """Launches of one ``@triton.jit`` ``kernel`` on a grid of up to 3 dims (module docstring):
+    :meth:`compiled` gives the compiled kernel of a specialization key the JIT has launched (None
+    before, or while a launch or pre-run hook is set), :meth:`run` launches it, :meth:`jit`
+    launches through the JIT and keeps the compiled kernel for its key; calling the object does
+    all three with the key taken from the arguments (:meth:`key_and_pointers`)."""
 
     __slots__ = ("kernel", "_compiled")
 
