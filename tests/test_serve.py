@@ -704,3 +704,142 @@ def test_a_stream_that_lags_every_step_stays_on_the_unparsed_path_and_ends_compl
     got += c["mi_results"]["app"]["probe"]["values"]
     assert got == vals[:P + G - 1].tolist()
     assert c["mi_results_complete"] == to_json(acc.assemble(G)) == {"app": {"probe": vals[:P + G - 1].tolist()}}
+
+
+
+
+@pytest.mark.fuzz
+def test_the_unparsed_splice_equals_the_parsed_one():
+    """Differential fuzz of the two ways a streamed chunk gets its values: every chunk of a
+    stream goes through ``_with_reads`` as served (decode steps spliced without a parse where
+    they qualify), and the same stream again with the unparsed splice switched off (every chunk
+    parsed); the chunks must be the same JSON, chunk for chunk. Streams (hypothesis, bounded, the
+    same examples every run): vLLM's completion and chat chunk models, with and without usage,
+    logprobs whose token texts spell the chunk's structure (``":[{``, ``"finish_reason":null``,
+    ``},{"index":``, ``"role":``), a later field holding an array of objects, a prompt's values, decode steps of one or two probes at one or
+    two layers, captures, recomputed positions, non-finite values, a stream lagging behind its
+    values, merged outputs, a trigger record, and the final chunk."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from vllm.entrypoints.openai.chat_completion.protocol import (ChatCompletionResponseStreamChoice,
+                                                                  ChatCompletionStreamResponse, DeltaMessage)
+    from vllm.entrypoints.openai.completion.protocol import (CompletionLogProbs, CompletionResponseStreamChoice,
+                                                             CompletionStreamResponse)
+    try:
+        from vllm.entrypoints.openai.engine.protocol import UsageInfo
+    except ImportError:  # vLLM 0.32
+        from vllm.entrypoints.serve.engine.protocol import UsageInfo
+
+    from vllm_xmix._vllm_compat import openai_server
+    from vllm_xmix.results import ReadResults, ResultsView
+
+    texts = st.sampled_from([" a"] * 12 + ["", "finish_reason", '":[{', '"finish_reason":null', '},{"index":1', '"role":"x"', "}]}\n\n",
+                             '}],"usage":', "\\", "\u00e9"])
+    values = st.sampled_from([0.5, -1.25, 3e-39, 1e30, float("nan"), float("inf"), -0.0])
+
+    @st.composite
+    def streams(draw):
+        kind = draw(st.sampled_from(["completion", "chat"]))
+        usage = kind == "completion" and draw(st.booleans())
+        P = draw(st.integers(1, 5))
+        G = draw(st.integers(1, 16))
+        reads = draw(st.sampled_from([
+            [("a", "p", 1, "probe", 1)], [("a", "p", 1, "probe", 1)], [("a", "p", 1, "probe", 1)],
+            [("a", "p", 1, "probe", 1), ("a", "p", 3, "probe", 1)],
+            [("a", "p", 1, "probe", 1), ("b", "q", 2, "probe", 1)],
+            [("a", "p", 1, "probe", 1), ("c", "g", 2, "generated", 2)],
+            [("c", "g", 2, "all", 2)]]))
+        # the engine's outputs: the prompt's values, then a decode step each, some positions again
+        outputs = [[(app, name, layer, tag, 0, P, w) for app, name, layer, tag, w in reads]]
+        for k in range(G - 1):
+            step = [(app, name, layer, tag, P + k, 1, w) for app, name, layer, tag, w in reads]
+            if k and draw(st.integers(0, 6)) == 0:  # recomputed after a preemption
+                step = [(a, n, ly, t, P + k - 1, 2, w) for a, n, ly, t, _, _, w in step]
+            outputs.append(step)
+        vals = {}
+
+        def val(app, name, layer, pos, col):
+            key = (app, name, layer, pos, col)
+            if key not in vals:
+                vals[key] = draw(values)
+            return vals[key]
+
+        made = [[(a, n, ly, t, p0, cnt, w,
+                  np.array([[val(a, n, ly, p, c) for c in range(w)] for p in range(p0, p0 + cnt)],
+                           np.float32).tobytes()) for a, n, ly, t, p0, cnt, w in out] for out in outputs]
+        # which outputs the consumer takes (merged, lagging): chunk k streams the output upto[k]
+        merged = draw(st.lists(st.integers(0, 4), min_size=len(made), max_size=len(made)))  # 0: merged with the next
+        cuts = [k + 1 for k in range(len(made)) if merged[k] or k == len(made) - 1]
+        lag = draw(st.booleans())
+        trigger_at = draw(st.integers(0, 3 * len(cuts)))  # (mostly none: past the last chunk)
+        chunk_texts = [draw(texts) for _ in cuts]
+        logprobs = kind == "completion" and draw(st.integers(0, 3)) == 0
+        later = draw(st.integers(0, 5)) == 0  # a field after the choices with an array of objects
+        return kind, usage, P, made, cuts, lag, trigger_at, chunk_texts, logprobs, later
+
+    def chunk(kind, usage, text, finish, logprobs, later):
+        if kind == "chat":
+            r = ChatCompletionStreamResponse(model="m", choices=[ChatCompletionResponseStreamChoice(
+                index=0, delta=DeltaMessage(content=text), finish_reason=finish)])
+        else:  # (a NaN logprob of the token text "finish_reason" writes '"finish_reason":null')
+            lp = (CompletionLogProbs(text_offset=[0], token_logprobs=[-0.5], tokens=[text],
+                                     top_logprobs=[{text: float("nan"), "x": -1.0}]) if logprobs else None)
+            extra = {"usage": UsageInfo(prompt_tokens=3, completion_tokens=1, total_tokens=4)} if usage else {}
+            r = CompletionStreamResponse(model="m", **extra, choices=[CompletionResponseStreamChoice(
+                index=0, text=text, logprobs=lp, finish_reason=finish)])
+        if later:  # (vLLM's response models take extra fields: serialized after the declared ones)
+            r.later = [{"x": text}]
+        return f"data: {r.model_dump_json(exclude_unset=True)}\n\n"
+
+    def serve(case, unparsed: bool):
+        kind, usage, P, made, cuts, lag, trigger_at, chunk_texts, logprobs, later = case
+        acc, deltas, first, out = ReadResults(P), {}, None, []
+        G = len(made)
+        real = openai_server._splice_step
+        done = 0
+        for k, cut in enumerate(cuts):
+            while done < cut:
+                acc.add(made[done])
+                done += 1
+            if trigger_at == k:
+                acc.add_triggers({"apps": ["a"], "events": [("a", "p", 1, "log", P - 1, 0.5)]})
+            final = k == len(cuts) - 1
+            upto = acc.n_chunks
+            if lag and not final and k + 1 < len(cuts):  # the next output's values are there already
+                while done < cuts[k + 1]:
+                    acc.add(made[done])
+                    done += 1
+            view = ResultsView((acc, upto, G if final else None))
+            c = chunk(kind, usage, chunk_texts[k], "length" if final else None, logprobs, later)
+            # as stream_with_reads does it
+            text = real(c, first, view) if (unparsed and first is not None) else None
+            spliced[0] += text is not None
+            if text is None:
+                text = openai_server._with_reads(c, view, deltas) if unparsed else _parsed_only(c, view, deltas)
+                first = deltas.get(0)
+            out.append(json.loads(text[len("data: "):]))
+        return out
+
+    def _parsed_only(c, view, deltas):
+        saved = openai_server._splice_step
+        openai_server._splice_step = lambda *a: None
+        try:
+            return openai_server._with_reads(c, view, deltas)
+        finally:
+            openai_server._splice_step = saved
+
+    def same(x, y):
+        return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)
+
+    spliced = [0]  # chunks spliced without a parse
+
+    @settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(streams())
+    def check(case):
+        a, b = serve(case, True), serve(case, False)
+        assert len(a) == len(b)
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert same(x, y), (i, x, y)
+
+    check()
+    assert spliced[0] >= 200, spliced  # (the unparsed path was taken, not only the parsed one)

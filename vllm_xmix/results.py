@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import struct
 
 import numpy as np
@@ -77,9 +78,9 @@ class ReadResults:
         tuples in one flat list: a tuple of strings, ints and bytes leaves the garbage
         collector's tracking at its first collection, the lists that msgpack decodes do not (a
         request whose outputs are not streamed kept one list per token alive)."""
-        self._raw.extend(map(tuple, chunks))
-        self.n_chunks += len(chunks)
         if chunks:
+            self._raw += map(tuple, chunks)
+            self.n_chunks += len(chunks)
             self._final = None
 
     def _parse(self, upto: int | None = None) -> None:
@@ -114,8 +115,8 @@ class ReadResults:
         return self._final[1]
 
     def view(self, n_generated: int | None = None) -> "ResultsView":
-        """What a RequestOutput carries: the values received so far, assembled on first access."""
-        return ResultsView(self, self.n_chunks, n_generated)
+        """What a RequestOutput carries: the values received so far, assembled when asked for."""
+        return ResultsView((self, self.n_chunks, n_generated))
 
     def parts(self, n_generated: int | None = None, upto: int | None = None):
         """Per read entry, ``((app, name, layer), positions, start, values [n, width])``: the
@@ -179,19 +180,22 @@ class ReadResults:
         return out
 
 
-class ResultsView:
-    """``RequestOutput.mi_results`` of one output: assembled lazily (outputs nobody reads, e.g.
-    the server's streamed chunks, cost nothing) and from the chunks received up to that output."""
+class ResultsView(tuple):
+    """``RequestOutput.mi_results`` of one output: ``(acc, upto, n_generated)``, the request's
+    :class:`ReadResults`, how many of its chunks had arrived with that output, and its number of
+    generated tokens once finished (None before). Assembled only when asked for (:meth:`get`:
+    outputs nobody reads, e.g. the server's streamed chunks, cost nothing); a tuple, so that
+    making one per output is a single C call on the front end's per-token path."""
 
-    __slots__ = ("_acc", "_upto", "_n_generated", "_value")
+    __slots__ = ()
 
-    def __init__(self, acc: ReadResults, upto: int, n_generated: int | None):
-        self._acc, self._upto, self._n_generated, self._value = acc, upto, n_generated, None
+    _acc = property(operator.itemgetter(0))
+    _upto = property(operator.itemgetter(1))
+    _n_generated = property(operator.itemgetter(2))
 
     def get(self) -> dict[str, dict]:
-        if self._value is None:
-            self._value = self._acc.assemble(self._n_generated, self._upto)
-        return self._value
+        """``{app: {name: array}}`` of the chunks up to this output (see the module docstring)."""
+        return self[0].assemble(self[2], self[1])
 
 
 def to_json(results: dict) -> dict:
@@ -235,43 +239,73 @@ class StreamDelta:
         self._n_parts = 0
         self._taken = 0  # chunks (in arrival order) looked at: every chunk before this one
         self._heads: dict[tuple, str] = {}  # (app, name, layer) -> '{"app":{"name":{"pos0":' (take_text)
+        self._fast: list | None = None  # take_text's state while on its path (_start_fast)
 
     def take_text(self, acc: ReadResults | None, upto: int | None = None) -> str | None:
         """:meth:`take`'s result as JSON text, for the common case of streamed decode steps only:
         the new chunks are one probe's single values at the next positions to send (one per
         step; several when the stream merged outputs), of a read at one layer already streamed,
         and there are no trigger records. None otherwise (then call :meth:`take`). Looks at the
-        chunks where they arrived, without assembling (a streamed token of a request with a
-        probe costs a few attribute reads and one string, not a parse)."""
+        chunks where they arrived, without assembling: once a stream is on this path, a streamed
+        token of a request with a probe costs a few comparisons, one ``struct`` unpack and one
+        string (its read and next position are kept in ``_fast``, written back into the
+        per-read state by :meth:`_sync` when anything else looks at it)."""
         if acc is None or acc.triggers is not None:
             return None
-        i = self._taken
-        upto = acc.n_chunks if upto is None else upto
-        k0, k1 = i - acc._parsed, upto - acc._parsed
-        if k0 < 0 or k1 <= k0 or k1 > len(acc._raw):
+        raw, parsed = acc._raw, acc._parsed
+        k0 = self._taken - parsed
+        k1 = (acc.n_chunks if upto is None else upto) - parsed
+        if k0 < 0 or k1 <= k0 or k1 > len(raw):
             return None
-        raw = acc._raw
-        app, name, layer, tag, pos0, n, width, data = raw[k0]
+        c = raw[k0]
+        fast = self._fast
+        if fast is None or c[4] != fast[3] or c[0] != fast[0] or c[1] != fast[1] or c[2] != fast[2]:
+            fast = self._start_fast(c)
+            if fast is None:
+                return None
+        if c[5] != 1 or c[3] != "probe":
+            return None
+        (x,) = _F32_UNPACK(c[7])
+        pos0 = fast[3]
+        if k1 == k0 + 1:  # one decode step (x - x is 0.0 for finite floats, NaN otherwise)
+            fast[3] = pos0 + 1
+            self._taken = k1 + parsed
+            return f'{fast[4]}{pos0},"values":[{x!r}]}}}}}}' if x - x == 0.0 else f'{fast[4]}{pos0},"values":[null]}}}}}}'
+        vals = [x]
+        for c in raw[k0 + 1:k1]:  # merged outputs: each a decode step of the same read, in order
+            if (c[4] != pos0 + len(vals) or c[5] != 1 or c[3] != "probe" or c[0] != fast[0] or c[1] != fast[1]
+                    or c[2] != fast[2]):
+                return None
+            vals += _F32_UNPACK(c[7])
+        fast[3] = pos0 + len(vals)
+        self._taken = k1 + parsed
+        body = ",".join(repr(v) if v - v == 0.0 else "null" for v in vals)
+        return f'{fast[4]}{pos0},"values":[{body}]}}}}}}'
+
+    def _start_fast(self, c: tuple) -> list | None:
+        """The fast path's state for chunk ``c`` (``[app, name, layer, next position, JSON head,
+        first position]``) if it is a probe's single value at the next position of a read at one
+        layer already streamed, else None."""
+        self._sync()
+        app, name, layer, tag, pos0, n, width, data = c
         key = (app, name, layer)
         if tag != "probe" or n != 1 or self._sent.get(key) != pos0 or self._layers.get((app, name)) != 1:
             return None
-        unpack = _F32.unpack_from
-        (x,) = unpack(data)
-        vals = [x]
-        for c in raw[k0 + 1:k1]:  # merged outputs: each a decode step of the same read, in order
-            if c[4] != pos0 + len(vals) or c[5] != 1 or c[3] != "probe" or c[:3] != key:
-                return None
-            vals += unpack(c[7])
         head = self._heads.get(key)
         if head is None:
             head = self._heads[key] = f'{{{json.dumps(app)}:{{{json.dumps(name)}:{{"pos0":'
-        self._sent[key] = pos0 + len(vals)
-        self._seen[key] += len(vals)
-        self._taken = upto
-        if len(vals) == 1 and math.isfinite(x):
-            return f'{head}{pos0},"values":[{x!r}]}}}}}}'
-        body = ",".join(repr(v) if math.isfinite(v) else "null" for v in vals)
-        return f'{head}{pos0},"values":[{body}]}}}}}}'
+        self._fast = [app, name, layer, pos0, head, pos0]
+        return self._fast
+
+    def _sync(self) -> None:
+        """Write the fast path's progress (positions sent, chunks looked at: one per position)
+        back into the per-read state and leave the fast path."""
+        fast = self._fast
+        if fast is not None:
+            key = (fast[0], fast[1], fast[2])
+            self._sent[key] = fast[3]
+            self._seen[key] = self._seen.get(key, 0) + fast[3] - fast[5]
+            self._fast = None
 
     def take(self, acc: ReadResults | None, upto: int | None = None) -> dict:
         """The values new since the last call, of the first ``upto`` chunks of ``acc`` (the
@@ -280,6 +314,7 @@ class StreamDelta:
         out: dict = {}
         if acc is None:
             return out
+        self._sync()
         self._taken = acc.n_chunks if upto is None else max(self._taken, min(upto, acc.n_chunks))
         if acc._raw:
             acc._parse(upto)  # (a lagging stream's later chunks stay for take_text)
@@ -351,6 +386,7 @@ class StreamDelta:
 
 #: one float32 as the bytes of a read chunk hold it (numpy's ``tobytes``: native byte order)
 _F32 = struct.Struct("=f")
+_F32_UNPACK = _F32.unpack_from
 
 
 def _json_values(a: np.ndarray) -> list:

@@ -70,13 +70,15 @@ def patch_openai_server() -> None:
         return stream
 
     async def stream_with_reads(orig, gen_index, self, request, args, kwargs):
-        """The chunks of ``orig``'s stream, each with the read values of the positions it adds."""
+        """The chunks of ``orig``'s stream, each with the read values of the positions it adds.
+        This runs for every streamed token of a request with reads, on the server's event loop:
+        a decode step's chunk costs the loop below and :func:`_splice_step`."""
         args = list(args)
-        latest = [None]  # the RequestOutput the chunks being yielded come from
+        latest = [None]  # what the result generator gave last: a RequestOutput, or (prompt index, output)
 
         async def outputs(gen):
             async for item in gen:
-                latest[0] = item[1] if isinstance(item, tuple) else item
+                latest[0] = item
                 yield item
 
         if len(args) > gen_index:
@@ -84,11 +86,20 @@ def patch_openai_server() -> None:
         else:
             kwargs["result_generator"] = outputs(kwargs["result_generator"])
         deltas: dict[int, StreamDelta] = {}
+        first = None  # deltas[0], once the first chunk made it
         async for chunk in orig(self, request, *args, **kwargs):
             res = latest[0]
-            view = res.__dict__.get("_xmix_view") if res is not None else None
-            if view is not None and chunk.startswith("data: {"):
-                chunk = _with_reads(chunk, view, deltas)
+            if res is not None:
+                if res.__class__ is tuple:
+                    res = res[1]
+                view = res._xmix_view
+                if view is not None:
+                    text = _splice_step(chunk, first, view) if first is not None else None
+                    if text is not None:
+                        chunk = text
+                    elif chunk.startswith("data: {"):
+                        chunk = _with_reads(chunk, view, deltas)
+                        first = deltas.get(0)
             yield chunk
 
     mark("OpenAIServingCompletion.create_completion", OpenAIServingCompletion, "create_completion",
@@ -120,8 +131,31 @@ _ENCODE = msgspec.json.Encoder()
 #: (where every quote is escaped), so finding them needs no parse (a dict key can spell one:
 #: ``_with_reads`` requires the finish reason's to be the only one)
 _ONE_CHOICE = '"choices":[{"index":0,'
-_ARRAY_OPEN = len('"choices')  # where '":[{' starts in _ONE_CHOICE
 _NOT_FINAL = '"finish_reason":null'
+
+
+def _splice_step(chunk: str, d: StreamDelta, view) -> str | None:
+    """``chunk`` with its choice's ``mi_results`` spliced in without a parse, for the common case:
+    a decode step's chunk (one probe value, or several when the stream merged outputs; see
+    :meth:`vllm_xmix.results.StreamDelta.take_text`) whose single choice (index 0) is not the last
+    one of its stream; None for any other chunk (then :func:`_with_reads`). ``d``: the stream's
+    :class:`StreamDelta` of choice 0; ``view``: the chunk's output's ``ResultsView``."""
+    # (a dict key can hold the quotes a string cannot: a top logprob's token text "finish_reason"
+    # with a NaN logprob writes '"finish_reason":null' too, so the choice's own must be the only one)
+    if (_ONE_CHOICE in chunk and _NOT_FINAL in chunk and '},{"index":' not in chunk and '"role":' not in chunk
+            and chunk.count('"finish_reason":') == 1):
+        at = chunk.find(_CHOICE_END)
+        if at < 0:
+            # without usage: the choices array must end the object and be its only array of
+            # objects (the id, object, created and model fields come before it; a string's
+            # escaped quote can spell '":[{' too, which only sends the chunk the parsed way)
+            if chunk[-5:] != _LAST_CHOICE_END or chunk.count('":[{') != 1:
+                return None
+            at = -5
+        text = d.take_text(view[0], view[1])
+        if text is not None:
+            return f'{chunk[:at]},"mi_results":{text}{chunk[at:]}'
+    return None
 
 
 def _with_reads(chunk: str, view, deltas: dict) -> str:
@@ -131,20 +165,12 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
     every request with reads, on the server's event loop); a chunk of another shape is
     serialized again whole. A decode step's chunk with one probe value in a single-choice
     chunk that is not the last (the common case) is spliced without a parse
-    (:meth:`vllm_xmix.results.StreamDelta.take_text`)."""
+    (:func:`_splice_step`)."""
     d = deltas.get(0)
-    # (a dict key can hold the quotes a string cannot: a top logprob's token text "finish_reason"
-    # with a NaN logprob writes '"finish_reason":null' too, so the choice's own must be the only one)
-    if (d is not None and _ONE_CHOICE in chunk and _NOT_FINAL in chunk and chunk.count('"finish_reason":') == 1
-            and '},{"index":' not in chunk and '"role":' not in chunk):
-        at = chunk.find(_CHOICE_END)
-        # without usage: the choices array must end the object (no later array of objects)
-        if at < 0 and chunk.endswith(_LAST_CHOICE_END) and chunk.rfind('":[{') == chunk.find(_ONE_CHOICE) + _ARRAY_OPEN:
-            at = len(chunk) - len(_LAST_CHOICE_END)
-        if at > 0:
-            text = d.take_text(view._acc, view._upto)
-            if text is not None:
-                return f'{chunk[:at]},"mi_results":{text}{chunk[at:]}'
+    if d is not None:
+        text = _splice_step(chunk, d, view)
+        if text is not None:
+            return text
     data = parse_json(chunk[len("data: "):])
     if not isinstance(data, dict):
         return chunk

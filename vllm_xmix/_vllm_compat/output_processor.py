@@ -17,7 +17,7 @@ import functools
 
 from vllm.outputs import RequestOutput
 
-from ..results import ReadResults
+from ..results import ReadResults, ResultsView
 from ..spec import CONFIG_KEY
 from .core import mark
 from .input_processor import READS_ATTR
@@ -47,24 +47,31 @@ def _apps_class(base: type) -> type:
     cycle that only the garbage collector frees)."""
     cls = _APPS_CLASSES.get(base)
     if cls is None:
-        cls = _APPS_CLASSES[base] = type(f"Apps{base.__name__}", (_AppsRequestOutputs, base), {})
+        cls = _APPS_CLASSES[base] = type(f"Apps{base.__name__}", (_AppsRequestOutputs, base),
+                                         {"_xmix_base_output": base.make_request_output})
     return cls
 
 
 class _AppsRequestOutputs:
     """``make_request_output`` of a request with apps: the read values that came with this
-    output (``kv_transfer_params``) assembled per position (:class:`vllm_xmix.results.ReadResults`),
-    the output's view of them set (``RequestOutput.mi_results``), and on the final output the
-    values as JSON in ``kv_transfer_params["xmix_results"]``; then vLLM's own method."""
+    output (``kv_transfer_params``) kept per request (:class:`vllm_xmix.results.ReadResults`),
+    the output's view of them set (``RequestOutput.mi_results``, a :class:`ResultsView`), and on
+    the final output the values as JSON in ``kv_transfer_params["xmix_results"]``; then vLLM's
+    own method (``_xmix_base_output``, the base class's, set by :func:`_apps_class`). This runs
+    for every output of such a request on the front end's event loop: it makes as few calls as
+    it can."""
+
+    _xmix_reads: ReadResults | None = None  # the request's values, from its first output with any
+    _xmix_base_output = None
 
     def make_request_output(self, new_token_ids, pooling_output, finish_reason, stop_reason,
                             kv_transfer_params=None, *args, **kwargs):
-        acc = self.__dict__.get("_xmix_reads")
+        acc = self._xmix_reads
         if kv_transfer_params and (CONFIG_KEY in kv_transfer_params or TRIGGERS_KEY in kv_transfer_params):
             if acc is None:
                 n_prompt = (len(self.prompt_token_ids) if self.prompt_token_ids is not None
                             else len(self.prompt_embeds))
-                acc = self.__dict__["_xmix_reads"] = ReadResults(n_prompt)
+                acc = self._xmix_reads = ReadResults(n_prompt)
             if CONFIG_KEY in kv_transfer_params:
                 acc.add(kv_transfer_params[CONFIG_KEY])
             if TRIGGERS_KEY in kv_transfer_params:
@@ -80,11 +87,15 @@ class _AppsRequestOutputs:
             # the final values go there too, as JSON ("xmix_results")
             kv_transfer_params = {**(kv_transfer_params or {}),
                                   "xmix_results": acc.final_json(n_gen)}
-        out = super().make_request_output(new_token_ids, pooling_output, finish_reason, stop_reason,
-                                          kv_transfer_params, *args, **kwargs)
-        if acc is not None and isinstance(out, RequestOutput):
-            out.__dict__["_xmix_view"] = acc.view(n_generated=n_gen)
+        out = self._xmix_base_output(new_token_ids, pooling_output, finish_reason, stop_reason,
+                                     kv_transfer_params, *args, **kwargs)
+        if acc is not None and out is not None and (out.__class__ is RequestOutput or isinstance(out, RequestOutput)):
+            out._xmix_view = _new_view(ResultsView, (acc, acc.n_chunks, n_gen))
         return out
+
+
+#: ``ResultsView((acc, upto, n_generated))`` without the type call's detour
+_new_view = tuple.__new__
 
 
 def patch_output_processor() -> None:
@@ -116,12 +127,21 @@ def patch_output_processor() -> None:
 
     mark("OutputProcessor.add_request", OutputProcessor, "add_request", wrap_add)
 
+    # (a class default, so that the per-token paths read the view as a plain attribute)
+    if "_xmix_view" not in RequestOutput.__dict__:
+        RequestOutput._xmix_view = None
     if not isinstance(getattr(RequestOutput, "mi_results", None), property):
         def mi_results(self):
             """Read results of this request (``{app: {read: array}}``, see vllm_xmix.results), or
-            None for a request without reads."""
-            view = self.__dict__.get("_xmix_view")
-            return None if view is None else view.get()
+            None for a request without reads; assembled on first access and kept (for this
+            output's view: a merge of outputs brings a newer one)."""
+            view = self._xmix_view
+            if view is None:
+                return None
+            kept = self.__dict__.get("_xmix_value")
+            if kept is None or kept[0] is not view:
+                kept = self.__dict__["_xmix_value"] = (view, view.get())
+            return kept[1]
 
         RequestOutput.mi_results = property(mi_results)
 
@@ -129,9 +149,9 @@ def patch_output_processor() -> None:
         @functools.wraps(orig)
         def add(self, next_output, *args, **kwargs):
             orig(self, next_output, *args, **kwargs)
-            view = next_output.__dict__.get("_xmix_view")
+            view = next_output._xmix_view
             if view is not None:  # the newer output's view: all chunks up to it, its token count
-                self.__dict__["_xmix_view"] = view
+                self._xmix_view = view
 
         return add
 
