@@ -122,13 +122,15 @@ def patch_scheduler() -> None:
             if reads:
                 if tt is not None:
                     note_triggers(self, tt, reads)
-                for rid, chunks in reads.items():
-                    if chunks:
-                        have = pending.get(rid)
-                        if have is None:
-                            pending[rid] = chunks  # (the step's own list: reads_of makes one per request)
-                        else:
-                            have.extend(chunks)
+                # the step's own lists (reads_of makes one per request) join the waiting ones
+                # whole; a request's values still waiting (an earlier prefill chunk's, or all of a
+                # final-only request's) take this step's after them
+                both = reads.keys() & pending.keys() if pending else ()
+                if both:
+                    reads = {**reads}
+                    for rid in both:
+                        pending[rid].extend(reads.pop(rid))
+                pending.update(reads)
             # requests with a triggered read, looked up now (a finished one leaves self.requests)
             armed_ids = self.__dict__.get("_xmix_armed_ids")
             live = {rid: self.requests[rid] for rid in armed_ids if rid in self.requests} if armed_ids else {}
@@ -151,18 +153,32 @@ def patch_scheduler() -> None:
                                     "apps": sorted(d["_xmix_armed"]),
                                     "events": sorted(d.get("_xmix_fired", {}).values(), key=lambda e: e[4])}}
             if pending:
+                # (per request with values and step: one pop, one lookup; this runs for every
+                # request with a read in every step)
+                final_only = self.__dict__.setdefault("_xmix_final_only", {})
                 for eco in outs.values():
                     for o in eco.outputs:
-                        chunks = pending.get(o.request_id)
+                        rid = o.request_id
+                        chunks = pending.pop(rid, None)
                         if not chunks:
                             continue
-                        if o.finish_reason is None and _final_only(self.requests.get(o.request_id)):
-                            continue  # the front end uses the values at the end only: they go out then
-                        del pending[o.request_id]
+                        if o.finish_reason is None:
+                            fo = final_only.get(rid)
+                            if fo is None:
+                                fo = final_only[rid] = _final_only(self.requests.get(rid))
+                            if fo:  # the front end uses the values at the end only: they go out then
+                                pending[rid] = chunks
+                                continue
+                        else:
+                            final_only.pop(rid, None)
                         kv = o.kv_transfer_params
                         o.kv_transfer_params = {CONFIG_KEY: chunks} if kv is None else {**kv, CONFIG_KEY: chunks}
-                for rid in [r for r in pending if r not in self.requests]:
-                    del pending[rid]  # finished or aborted without a further output
+                if pending:
+                    for rid in [r for r in pending if r not in self.requests]:
+                        del pending[rid]  # finished or aborted without a further output
+                if len(final_only) > 2 * len(self.requests) + 64:  # (finished and aborted ones)
+                    for rid in [r for r in final_only if r not in self.requests]:
+                        del final_only[rid]
             return outs
 
         return update_from_output
