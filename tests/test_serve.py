@@ -713,7 +713,9 @@ def test_the_unparsed_splice_equals_the_parsed_one():
     """Differential fuzz of the two ways a streamed chunk gets its values: every chunk of a
     stream goes through ``_with_reads`` as served (decode steps spliced without a parse where
     they qualify), and the same stream again with the unparsed splice switched off (every chunk
-    parsed); the chunks must be the same JSON, chunk for chunk. Streams (hypothesis, bounded, the
+    parsed); the chunks must be the same JSON, chunk for chunk, and the values they carry,
+    concatenated, must be the final chunk's ``mi_results_complete`` (a recomputed position's
+    first value, also when its recomputation was rounded differently). Streams (hypothesis, bounded, the
     same examples every run): vLLM's completion and chat chunk models, with and without usage,
     logprobs whose token texts spell the chunk's structure (``":[{``, ``"finish_reason":null``,
     ``},{"index":``, ``"role":``), a later field holding an array of objects, a prompt's values, decode steps of one or two probes at one or
@@ -759,10 +761,13 @@ def test_the_unparsed_splice_equals_the_parsed_one():
         vals = {}
 
         def val(app, name, layer, pos, col):
+            """A position's value; computed again (a recomputed position), the same value or
+            one rounded differently (a differently sized batch)."""
             key = (app, name, layer, pos, col)
             if key not in vals:
                 vals[key] = draw(values)
-            return vals[key]
+                return vals[key]
+            return vals[key] if draw(st.booleans()) else float(np.nextafter(np.float32(vals[key]), np.float32(9)))
 
         made = [[(a, n, ly, t, p0, cnt, w,
                   np.array([[val(a, n, ly, p, c) for c in range(w)] for p in range(p0, p0 + cnt)],
@@ -833,6 +838,21 @@ def test_the_unparsed_splice_equals_the_parsed_one():
 
     spliced = [0]  # chunks spliced without a parse
 
+    def concatenated(chunks):
+        """{(app, name, layer or None): values} of a stream's chunks, each chunk's pos0 where the
+        previous one ended."""
+        got: dict = {}
+        for c in chunks:
+            for app, reads in c["choices"][0].get("mi_results", {}).items():
+                for name, v in reads.items():
+                    if name == "triggers":
+                        continue
+                    for layer, e in ([(None, v)] if "pos0" in v else v.items()):
+                        have = got.setdefault((app, name, layer), [e["pos0"]])
+                        assert e["pos0"] == have[0] + len(have) - 1, (app, name, layer, e["pos0"], have)
+                        have += e["values"]
+        return got
+
     @settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(streams())
     def check(case):
@@ -840,6 +860,11 @@ def test_the_unparsed_splice_equals_the_parsed_one():
         assert len(a) == len(b)
         for i, (x, y) in enumerate(zip(a, b)):
             assert same(x, y), (i, x, y)
+        # the stream's values, concatenated, are the final ones (a recomputed position's first value)
+        complete = a[-1]["choices"][0]["mi_results_complete"]
+        for (app, name, layer), vals in concatenated(a).items():
+            want = complete[app][name] if layer is None else complete[app][name][layer]
+            assert same(vals[1:], want), (app, name, layer, vals, want)
 
     check()
     assert spliced[0] >= 200, spliced  # (the unparsed path was taken, not only the parsed one)

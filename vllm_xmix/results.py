@@ -3,7 +3,9 @@
 Values arrive in chunks (``(app, name, layer, positions, pos0, n, width, float32 bytes)``, one per
 read entry and step, see ``ReadTransport.reads_of``) and are placed by **absolute position**, so
 prefill chunks in any order of arrival, recompute after preemption (the same positions again:
-the later value replaces the earlier) and async scheduling give one value per position.
+the first value received is kept, the one a stream has already sent; the recomputed one equals
+it up to the rounding of a differently sized batch) and async scheduling give one value per
+position.
 
 Alignment (documented in docs/hooks.md): position ``i`` is the ``i``-th token of
 ``prompt_token_ids + outputs[0].token_ids``, fed to the model as input; the value at ``i`` is
@@ -149,7 +151,7 @@ class ReadResults:
             else:
                 end = max(p0 + len(v) for p0, v in chunks)
             arr = np.full((max(end - start, 0), width), np.nan, dtype=np.float32)
-            for p0, v in chunks:  # arrival order: a recomputed position replaces the earlier value
+            for p0, v in reversed(chunks):  # (the first value received of a recomputed position is written last)
                 lo, hi = max(p0, start), min(p0 + len(v), end)
                 if hi > lo:
                     arr[lo - start:hi - start] = v[lo - p0:hi - p0]
@@ -360,7 +362,7 @@ class StreamDelta:
                 new = None
             if new is None:
                 new = np.full((end - sent, width), np.nan, dtype=np.float32)
-                for _, p0, v in chunks[i:j]:
+                for _, p0, v in reversed(chunks[i:j]):  # (a position's first value is written last)
                     lo, hi = max(p0, sent), min(p0 + len(v), end)
                     if hi > lo:
                         new[lo - sent:hi - sent] = v[lo - p0:hi - p0]
