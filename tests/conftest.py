@@ -306,41 +306,54 @@ def running_server(args: list[str], log, env: dict | None = None, proc_out: list
     """A vLLM OpenAI server started as ``python <args> --port P --host 127.0.0.1`` (its output
     in ``log``, a path; ``env``: variables set for it on top of this process's), yielding its URL
     once ``/health`` answers; stopped on exit (SIGTERM, then SIGKILL after 30 s). ``proc_out``: a
-    list that receives the server's ``Popen`` (its pid, its exit status after the block)."""
+    list that receives the server's ``Popen`` (its pid, its exit status after the block).
+
+    The port is a free one when chosen, but the server binds it only after its start-up (~10 s),
+    and meanwhile another process (the other test worker's engine, its ZMQ and gloo sockets) can
+    take it: a server that exits with ``Address already in use`` is started again on another port
+    (three tries)."""
     import socket
     import subprocess
     import sys
     import time
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {**{k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}, **(env or {})}
-    cmd = [sys.executable] + args + ["--port", str(port), "--host", "127.0.0.1"]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    if proc_out is not None:
-        proc_out.append(proc)
-    url = f"http://127.0.0.1:{port}"
+    proc = None
     try:
-        for _ in range(300):
-            if proc.poll() is not None:
-                raise RuntimeError(f"{' '.join(args[:3])} exited:\n" + open(log).read()[-4000:])
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
+        for attempt in range(3):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            cmd = [sys.executable] + args + ["--port", str(port), "--host", "127.0.0.1"]
+            with open(log, "w") as f:
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+            url = f"http://127.0.0.1:{port}"
+            for _ in range(300):
+                if proc.poll() is not None:
+                    out = open(log).read()
+                    if "Address already in use" in out[-4000:] and attempt < 2:
+                        break  # (the port was taken before the server bound it: another port)
+                    raise RuntimeError(f"{' '.join(args[:3])} exited:\n" + out[-4000:])
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=2)
+                    break
+                except Exception:
+                    time.sleep(1)
+            else:
+                raise RuntimeError(f"{' '.join(args[:3])} did not come up:\n" + open(log).read()[-4000:])
+            if proc.poll() is None:
                 break
-            except Exception:
-                time.sleep(1)
-        else:
-            raise RuntimeError(f"{' '.join(args[:3])} did not come up:\n" + open(log).read()[-4000:])
+        if proc_out is not None:
+            proc_out.append(proc)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def pytest_collection_modifyitems(config, items):

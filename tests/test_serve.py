@@ -868,3 +868,50 @@ def test_the_unparsed_splice_equals_the_parsed_one():
 
     check()
     assert spliced[0] >= 200, spliced  # (the unparsed path was taken, not only the parsed one)
+
+
+def test_a_server_whose_port_is_taken_meanwhile_starts_on_another(tmp_path, monkeypatch):
+    """``running_server`` (every served test's fixture) picks a free port, but the server binds it
+    only after its start-up; when another process took the port meanwhile (CI: the other
+    worker's engine sockets) the server is started again on another port. Two ports taken in a
+    row; the server here is a stand-in that binds ``--port`` as vLLM's does."""
+    import socket
+    import urllib.request
+
+    from conftest import running_server
+
+    script = tmp_path / "server.py"
+    script.write_text(
+        "import sys, http.server\n"
+        "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers(); self.wfile.write(b'ok')\n"
+        "    def log_message(self, *a):\n"
+        "        pass\n"
+        "try:\n"
+        "    srv = http.server.HTTPServer(('127.0.0.1', port), H)\n"
+        "except OSError as e:\n"
+        "    sys.exit(f'OSError: [Errno 98] Address already in use ({e})')\n"
+        "srv.serve_forever()\n")
+    taken, real = [], socket.socket
+
+    class Picker(real):
+        def __exit__(self, *a):
+            port = self.getsockname()[1]
+            out = super().__exit__(*a)
+            if len(taken) < 2:  # another process binds the port first
+                s = real()
+                s.bind(("127.0.0.1", port))
+                s.listen()
+                taken.append(s)
+            return out
+
+    monkeypatch.setattr(socket, "socket", Picker)
+    try:
+        with running_server([str(script)], tmp_path / "log.txt") as url:
+            assert urllib.request.urlopen(url + "/health", timeout=10).read() == b"ok"
+            assert len(taken) == 2 and all(url != f"http://127.0.0.1:{s.getsockname()[1]}" for s in taken)
+    finally:
+        for s in taken:
+            s.close()
