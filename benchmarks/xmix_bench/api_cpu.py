@@ -74,7 +74,29 @@ def _start(model: str, deployment: dict | None, log: str, plugin: bool = True,
     """A CPU OpenAI server of ``model`` with ``deployment`` (None: nothing deployed), the plugin
     loaded unless ``plugin`` is False; (its process, its URL) once it answers. ``profile_out``:
     run it under ``profiled_server.py`` (profiles switched by signals, written to
-    ``profile_out.<k>``)."""
+    ``profile_out.<k>``). A server that exits with ``Address already in use`` (another process
+    took the free port chosen for it during its start-up) is started again on another port, up
+    to three times."""
+    for attempt in range(3):
+        try:
+            return _start_once(model, deployment, log, plugin, profile_out)
+        except _PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    """The server exited because its port was taken before it bound it."""
+
+
+def _start_once(model: str, deployment: dict | None, log: str, plugin: bool,
+                profile_out: str | None) -> tuple[subprocess.Popen, str]:
+    """One try of :func:`_start`.
+
+    Raises:
+        _PortTaken: the server exited with ``Address already in use``.
+        RuntimeError: it exited otherwise, or did not answer in 600 s."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -98,7 +120,9 @@ def _start(model: str, deployment: dict | None, log: str, plugin: bool = True,
     for _ in range(600):
         if proc.poll() is not None:
             _stop(proc)  # (what it started, e.g. an engine core)
-            raise RuntimeError(f"the server exited; see {log}:\n" + open(log).read()[-3000:])
+            out = open(log).read()[-3000:]
+            raise (_PortTaken if "Address already in use" in out else RuntimeError)(
+                f"the server exited; see {log}:\n" + out)
         try:
             urllib.request.urlopen(url + "/health", timeout=2)
             return proc, url
