@@ -788,7 +788,8 @@ def test_the_unparsed_splice_equals_the_parsed_one():
                 index=0, delta=DeltaMessage(content=text), finish_reason=finish)])
         else:  # (a NaN logprob of the token text "finish_reason" writes '"finish_reason":null')
             lp = (CompletionLogProbs(text_offset=[0], token_logprobs=[-0.5], tokens=[text],
-                                     top_logprobs=[{text: float("nan"), "x": -1.0}]) if logprobs else None)
+                                     top_logprobs=[{text: float("nan"), "finish_reason": float("nan") if finish else -1.0}])
+                  if logprobs else None)
             extra = {"usage": UsageInfo(prompt_tokens=3, completion_tokens=1, total_tokens=4)} if usage else {}
             r = CompletionStreamResponse(model="m", **extra, choices=[CompletionResponseStreamChoice(
                 index=0, text=text, logprobs=lp, finish_reason=finish)])
@@ -800,7 +801,6 @@ def test_the_unparsed_splice_equals_the_parsed_one():
         kind, usage, P, made, cuts, lag, trigger_at, chunk_texts, logprobs, later = case
         acc, deltas, first, out = ReadResults(P), {}, None, []
         G = len(made)
-        real = openai_server._splice_step
         done = 0
         for k, cut in enumerate(cuts):
             while done < cut:
@@ -817,21 +817,14 @@ def test_the_unparsed_splice_equals_the_parsed_one():
             view = ResultsView((acc, upto, G if final else None))
             c = chunk(kind, usage, chunk_texts[k], "length" if final else None, logprobs, later)
             # as stream_with_reads does it
-            text = real(c, first, view) if (unparsed and first is not None) else None
+            text = openai_server._splice_step(c, first, view) if (unparsed and first is not None) else None
             spliced[0] += text is not None
             if text is None:
-                text = openai_server._with_reads(c, view, deltas) if unparsed else _parsed_only(c, view, deltas)
+                parse = openai_server._with_reads_parsed if (first is not None or not unparsed) else openai_server._with_reads
+                text = parse(c, view, deltas)
                 first = deltas.get(0)
             out.append(json.loads(text[len("data: "):]))
         return out
-
-    def _parsed_only(c, view, deltas):
-        saved = openai_server._splice_step
-        openai_server._splice_step = lambda *a: None
-        try:
-            return openai_server._with_reads(c, view, deltas)
-        finally:
-            openai_server._splice_step = saved
 
     def same(x, y):
         return json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)

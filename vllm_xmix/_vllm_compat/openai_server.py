@@ -97,8 +97,8 @@ def patch_openai_server() -> None:
                     text = _splice_step(chunk, first, view) if first is not None else None
                     if text is not None:
                         chunk = text
-                    elif chunk.startswith("data: {"):
-                        chunk = _with_reads(chunk, view, deltas)
+                    elif chunk.startswith("data: {"):  # (the splice's checks have run once already)
+                        chunk = (_with_reads_parsed if first is not None else _with_reads)(chunk, view, deltas)
                         first = deltas.get(0)
             yield chunk
 
@@ -171,6 +171,12 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
         text = _splice_step(chunk, d, view)
         if text is not None:
             return text
+    return _with_reads_parsed(chunk, view, deltas)
+
+
+def _with_reads_parsed(chunk: str, view, deltas: dict) -> str:
+    """:func:`_with_reads` for a chunk :func:`_splice_step` does not take: parsed, the values of
+    every choice it holds put in."""
     data = parse_json(chunk[len("data: "):])
     if not isinstance(data, dict):
         return chunk
