@@ -19,8 +19,11 @@ echo KTEST
 # the host time of a hosted norm per call, apps off and with its sites' writes on (the fused
 # Triton kernel's launch), against vLLM's kernel: what each of 31 norms costs in a step above
 # the largest CUDA graph (~1 min)
-$B profile norm-call --json $R/norm_off.json > $R/norm.log 2>&1
-$B profile norm-call --on --json $R/norm_on.json >> $R/norm.log 2>&1; echo "rc=$?"
+# (NORM=0 skips it)
+if [ "${NORM:-1}" = 1 ]; then
+  $B profile norm-call --json $R/norm_off.json > $R/norm.log 2>&1
+  $B profile norm-call --on --json $R/norm_on.json >> $R/norm.log 2>&1; echo "rc=$?"
+fi
 echo NORM
 $B serve start --model benchmarks/models/llama31_8b --out $S --latest $S/latest.json --gpu-mem 0.3 --control \
   --record-steps --profile-api > $R/start.log 2>&1; echo "rc=$?"
