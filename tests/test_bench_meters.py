@@ -3,7 +3,8 @@
 sets, and the run's share of it; the same meter against a real server is in
 tests/test_serve.py); `profile api-cpu` (benchmarks/xmix_bench/api_cpu.py) against its own CPU
 server; `profile api-calls` (api_calls.py) against its own profiled CPU servers; `profile
-norm-call` on a hosted norm; the served engine-step recorder (benchmarks/xmix_bench/engine_steps.py:
+norm-call` on a hosted norm; `serve rounds --api-sample`'s py-spy reading (api_sample.py); the
+served engine-step recorder (benchmarks/xmix_bench/engine_steps.py:
 its summary on rows written by hand, and a real CPU server started through recorded_server.py)."""
 
 from __future__ import annotations
@@ -116,6 +117,36 @@ def test_api_calls_profiles_exactly_the_measured_requests():
     assert cf["plain"]["plugin_calls_per_chunk"] == 0 < cf["none"]["plugin_calls_per_chunk"], cf
     assert cf["probe_one"]["plugin_calls_per_token"] > cf["none"]["plugin_calls_per_token"], cf
     assert "probe_one" in report(r)
+
+
+def test_api_sample_counts_self_and_inclusive_samples_per_output_token(tmp_path):
+    """`serve rounds --api-sample`'s reading of py-spy's raw stacks (a file written by hand): a
+    function's lines add up, a frame repeated in one stack counts once inclusively, an empty stack
+    counts under NO_FRAME, and the microseconds per output token are samples / rate / tokens; the
+    report names what grew against vanilla; a line without a count is an error naming it."""
+    from benchmarks.xmix_bench import api_sample
+
+    raw = tmp_path / "a.txt"
+    raw.write_text("a (x.py:1);b (y.py:2) 3\n"
+                   "a (x.py:1);b (y.py:5) 2\n"
+                   "a (x.py:1);c (z.py:3);a (x.py:9) 1\n"
+                   " 4\n")
+    incl, own, total = api_sample.load(str(raw))
+    assert total == 10
+    assert dict(own) == {"b (y.py)": 5, "a (x.py)": 1, api_sample.NO_FRAME: 4}
+    assert dict(incl) == {"a (x.py)": 6, "b (y.py)": 5, "c (z.py)": 1, api_sample.NO_FRAME: 4}
+    # 500 samples a second, 100 output tokens: a sample is 2 ms / 100 = 20 us per token
+    r = api_sample.summary(str(raw), rate_hz=500, output_tokens=100, requests=2)
+    assert (r["samples"], r["gil_us_per_token"]) == (10, 200.0)
+    assert r["self"][0] == ["b (y.py)", 100.0] and ["a (x.py)", 120.0] in r["inclusive"]
+    base = tmp_path / "base.txt"
+    base.write_text("a (x.py:1);b (y.py:2) 1\n")
+    text = api_sample.report({"vanilla": api_sample.summary(str(base), 500, 100, 2), "probe_one": r})
+    assert "+180.0 on vanilla" in text and "+80.00 us  b (y.py)" in text and "+100.00 us  a (x.py)" in text
+    bad = tmp_path / "bad.txt"
+    bad.write_text("a (x.py:1);b (y.py:2)\n")
+    with pytest.raises(ValueError, match="bad.txt:1: not a raw py-spy line"):
+        api_sample.load(str(bad))
 
 
 @pytest.mark.one_version
@@ -446,5 +477,18 @@ def test_recorded_server_records_every_engine_step_of_its_engine_core(tiny_llama
                                      "4", "--random-range-ratio", "0"], "inf", 3, run_mark=7)
         assert got["requests"] == 3 and got["output_tokens"] == 3 * 4, got
         assert got["calls_per_token"] > 50 and (tmp_path / "api_profile_vanilla.prof").exists(), got
+
+        # rounds --api-sample's run: the same, with py-spy sampling the API server from outside
+        # (a run long enough for the API server's request path to be sampled, not only the
+        # metrics page the meters read around it)
+        sampled = serve.api_sample_run(str(tmp_path), server, {"serving_dir": tiny_llama}, None, "vanilla",
+                                       ["--dataset-name", "random", "--random-input-len", "16", "--random-output-len",
+                                        "48", "--random-range-ratio", "0"], "inf", 16, run_mark=8)
+        assert sampled["requests"] == 16 and sampled["output_tokens"] == 16 * 48, sampled
+        assert sampled["samples"] > 0 and sampled["gil_us_per_token"] > 0, sampled
+        stacks = (tmp_path / "api_sample_vanilla.txt").read_text()
+        assert any(f in stacks for f in ("completion_stream_generator", "OutputProcessor.process_outputs",
+                                         "create_completion")), stacks[:2000]
+        assert "EngineCore" not in stacks and "schedule (" not in stacks  # the API server's, not the engine core's
         assert bench_mod.wait_for_endpoint.__name__ == "wait_for_endpoint" and not hasattr(
             bench_mod.wait_for_endpoint, "__wrapped__") and bench_mod.wait_for_endpoint.__module__.endswith("ready_checker")

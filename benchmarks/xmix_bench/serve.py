@@ -32,7 +32,11 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   of each listed configuration under vLLM's torch profiler; vLLM's per-kernel tables are kept
   as ``profile_<config>.txt``, each trace's per-step summary (``profile trace``) as
   ``trace_<config>.json``, and ``trace_<config>_vs_vanilla.md`` sets them side by side; the raw
-  traces stay in ``prof_vanilla/`` and ``prof_xmix/``.
+  traces stay in ``prof_vanilla/`` and ``prof_xmix/``. ``--api-sample CONFIGS`` (any servers):
+  afterwards one run of vanilla and of each listed configuration with py-spy sampling the
+  server's API server (``api_sample``: GIL-held microseconds per output token, the functions
+  whose time grew); ``--api-profile CONFIGS`` (servers started with ``--profile-api``) the same
+  under cProfile (calls exact, times inflated).
   ``start --second plain`` / ``empty`` calibrate the A/B itself (A/A): the second server is
   vLLM without the plugin again, or with the plugin and nothing deployed, and the one
   configuration ``aa_plain`` / ``aa_empty`` measures what the pair's offset is without apps.
@@ -95,7 +99,7 @@ import urllib.request
 from . import common
 from .cpu_usage import CpuMeter
 from .cpu_usage import summary as cpu_summary
-from . import engine_steps, profiled_server, server_metrics
+from . import api_sample, engine_steps, profiled_server, server_metrics
 
 HELP = "serving A/B with `vllm bench serve`: plain vLLM vs the plugin, each app on every request"
 K_CONFIGS = (16, 256)
@@ -191,6 +195,12 @@ def _round_options(q) -> None:
                         "--profile-api): Python calls and profiled CPU per output token, the plugin's share, the "
                         "functions whose time grew; <out>/api_profile.json (each configuration's latest profile; "
                         "vanilla is profiled again in every call) and api_profile_<config>.prof")
+    q.add_argument("--api-sample", default="", metavar="CONFIGS",
+                   help="after the rounds, one run of vanilla and of each of these configurations (comma-separated; "
+                        "at the first rate) with the server's API server sampled by py-spy (the GIL-holding thread; "
+                        "any server, py-spy on PATH or at $XMIX_PY_SPY): GIL-held us per output token, the functions "
+                        "whose self and inclusive time grew; <out>/api_sample.json (each configuration's latest run; "
+                        "vanilla again in every call) and api_sample_<config>.txt (py-spy's raw stacks)")
 
 
 def main(args) -> int:
@@ -612,10 +622,11 @@ def _dataset(args, st: dict) -> tuple[list[str], str]:
 
 
 def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, sel, result: str, seed: int,
-          run_mark: int, profile: bool = False, api_profile: bool = False) -> dict:
+          run_mark: int, profile: bool = False, api_profile: bool = False, api_sample_to: str | None = None) -> dict:
     """One ``vllm bench serve`` run (vLLM's client and metrics, in this process). ``api_profile``:
     the server's API-server profiler (``start --profile-api``) runs from just before the client
-    starts (its ready check skipped) to the run's end."""
+    starts (its ready check skipped) to the run's end; ``api_sample_to``: likewise py-spy samples
+    the server's API server into that file (:class:`api_sample.Sampler`)."""
     argv = ["--backend", "vllm", "--base-url", f"http://127.0.0.1:{server.port}", "--model", st["serving_dir"],
             "--tokenizer", st["serving_dir"]] + dataset_args + [
             "--num-prompts", str(n), "--ignore-eos", "--request-rate", rate, "--seed", str(seed),
@@ -631,9 +642,11 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
     # metrics read, whose rendering is API-server work of its own)
     steps = engine_steps.StepMeter(server.steps_dir) if server.steps_dir else None  # the run's engine steps
     on_ready = [steps.restart] if steps is not None else []
-    if api_profile:  # from the run's first request: no ready check (its request alone is not the run's)
+    if api_profile or api_sample_to:  # from the run's first request: no ready check (its request alone is not the run's)
         argv += ["--ready-check-timeout-sec", "0"]
+    if api_profile:
         os.kill(server.pid, signal.SIGUSR1)
+    sampler = api_sample.Sampler(server.pid, api_sample_to) if api_sample_to else None
     try:
         with _after_ready_check(on_ready):
             res = common.bench_serve(argv)
@@ -641,6 +654,8 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
         common.XARGS_CYCLE = None
         if api_profile:
             os.kill(server.pid, signal.SIGUSR2)
+        if sampler is not None:
+            sampler.stop()
     res["cpu"] = meter.stop(active_s=res.get("duration"))  # fractions of the benchmark's own duration
     if steps is not None:
         res["engine_steps"] = steps.stop(requests=res.get("completed"))
@@ -750,6 +765,15 @@ def rounds(args) -> int:
         args._parser.error(f"--api-profile: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
     if api_profiled and not st.get("profile_api"):
         args._parser.error("--api-profile: the servers were started without --profile-api")
+    api_sampled = [c for c in args.api_sample.split(",") if c]
+    unknown = sorted(set(api_sampled) - set(configs))
+    if unknown:
+        args._parser.error(f"--api-sample: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
+    if api_sampled:
+        try:
+            api_sample.py_spy_path()
+        except RuntimeError as e:
+            args._parser.error(f"--api-sample: {e}")
     if args.configs:
         keep = {"vanilla", *args.configs.split(",")}
         configs = {k: v for k, v in configs.items() if k in keep}
@@ -802,6 +826,14 @@ def rounds(args) -> int:
                                         next_mark())
         common.write_json(os.path.join(out, "api_profile.json"), got)
         print(api_profile_report({"vanilla": got["vanilla"], **got}), flush=True)
+    if api_sampled:  # the same question by sampling: no profiler inside the server
+        got = common.read_json(os.path.join(out, "api_sample.json"), {}) or {}  # (earlier configs kept)
+        for name in ["vanilla"] + [c for c in api_sampled if c != "vanilla"]:
+            srv, sel = all_configs[name]
+            got[name] = api_sample_run(out, servers[srv], st, sel, name, dataset_args, rates[0], args.num_prompts,
+                                       next_mark())
+        common.write_json(os.path.join(out, "api_sample.json"), got)
+        print(api_sample.report({"vanilla": got["vanilla"], **got}), flush=True)
     if profiled:  # where the time goes: vanilla vs each profiled configuration, same rate and prompts
         rate = rates[0]
         for name in ["vanilla"] + profiled:
@@ -851,6 +883,20 @@ def api_profile_run(out: str, server: Server, st: dict, sel, name: str, dataset_
     kept = os.path.join(out, f"api_profile_{name}.prof")
     shutil.copy(new[-1], kept)
     return api_profile_summary(kept, res.get("total_output_tokens") or 0, res.get("completed") or 0)
+
+
+def api_sample_run(out: str, server: Server, st: dict, sel, name: str, dataset_args, rate: str, n: int,
+                   run_mark: int) -> dict:
+    """One run of configuration ``name`` with its server's API server sampled by py-spy
+    (``bench(..., api_sample_to=...)``): the raw stacks kept as ``<out>/api_sample_<name>.txt``
+    and summarized per output token (:func:`api_sample.summary`).
+
+    Raises:
+        RuntimeError: py-spy is missing, could not attach, or wrote nothing."""
+    path = os.path.join(out, f"api_sample_{name}.txt")
+    res = bench(server, st, dataset_args, rate, n, sel, os.path.join(out, "runs", f"api_sample_{name}.json"),
+                seed=97, run_mark=run_mark, api_sample_to=path)
+    return api_sample.summary(path, api_sample.RATE_HZ, res.get("total_output_tokens") or 0, res.get("completed") or 0)
 
 
 def api_profile_summary(path: str, output_tokens: int, requests: int, top: int = 40) -> dict:
