@@ -708,6 +708,36 @@ def test_a_stream_that_lags_every_step_stays_on_the_unparsed_path_and_ends_compl
 
 
 
+def test_a_final_chunk_with_fields_after_its_choices_keeps_vllms_text():
+    """A final chunk whose choices are followed by other fields (a completion's
+    ``system_fingerprint``, ``usage``) gets its values put into its choice by a splice: the rest is
+    vLLM's text byte for byte (not serialized again), whichever fields follow and in what order;
+    the values are the stream's last and all of them."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionResponseStreamChoice, CompletionStreamResponse
+    from vllm.entrypoints.openai.engine.protocol import UsageInfo
+
+    from vllm_xmix._vllm_compat import openai_server
+    from vllm_xmix.results import ReadResults
+
+    P, G = 2, 3
+    vals = np.arange(P + G, dtype=np.float32) / 8
+    for extra in ({"system_fingerprint": "fp-1"}, {"usage": UsageInfo(prompt_tokens=2, total_tokens=5)},
+                  {"usage": UsageInfo(prompt_tokens=2, total_tokens=5), "system_fingerprint": "fp-2"}):
+        acc = ReadResults(P)
+        acc.add([("app", "probe", 2, "probe", 0, P + G - 1, 1, vals[:P + G - 1].tobytes())])
+        r = CompletionStreamResponse(model="m", choices=[CompletionResponseStreamChoice(
+            index=0, text=" t", finish_reason="length")], **extra)
+        chunk = f"data: {r.model_dump_json(exclude_unset=True)}\n\n"
+        assert list(json.loads(chunk[6:]))[-1] != "choices", chunk  # fields after the choices
+        out = openai_server._with_reads(chunk, acc.view(n_generated=G), {})
+        at = out.index(',"mi_results":')
+        end = out.index("}}", out.index('"mi_results_complete":')) + 2
+        assert out[:at] + out[end:] == chunk, (out, chunk)  # vLLM's text unchanged around the values
+        c = json.loads(out[6:])["choices"][0]
+        assert c["mi_results"]["app"]["probe"] == {"pos0": 0, "values": vals[:P + G - 1].tolist()}
+        assert c["mi_results_complete"] == {"app": {"probe": vals[:P + G - 1].tolist()}}
+
+
 @pytest.mark.fuzz
 def test_the_unparsed_splice_equals_the_parsed_one():
     """Differential fuzz of the two ways a streamed chunk gets its values: every chunk of a

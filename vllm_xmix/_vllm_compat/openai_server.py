@@ -174,6 +174,21 @@ def _with_reads(chunk: str, view, deltas: dict) -> str:
     return _with_reads_parsed(chunk, view, deltas)
 
 
+def _choice_end(chunk: str, data: dict) -> int:
+    """Where the single choice of ``chunk`` (``data``: the chunk parsed) ends in its text: the
+    index of the choice object's closing brace, -1 where that is not certain. vLLM writes the
+    top-level fields in ``data``'s order with no spaces, so the choices array ends in ``}]``
+    followed by the next field's key (e.g. ``"usage"``, or ``"system_fingerprint"`` on a
+    completion's final chunk) or by the object's end. The last ``}],"<that key>":`` in the text is
+    that end (a JSON string cannot hold the quotes unescaped, and the fields after the choices
+    hold no lists of objects)."""
+    keys = list(data)
+    i = keys.index("choices")
+    if i == len(keys) - 1:
+        return len(chunk) - len(_LAST_CHOICE_END) if chunk.endswith(_LAST_CHOICE_END) else -1
+    return chunk.rfind(f'}}],"{keys[i + 1]}":')
+
+
 def _with_reads_parsed(chunk: str, view, deltas: dict) -> str:
     """:func:`_with_reads` for a chunk :func:`_splice_step` does not take: parsed, the values of
     every choice it holds put in."""
@@ -191,10 +206,8 @@ def _with_reads_parsed(chunk: str, view, deltas: dict) -> str:
     if c.get("finish_reason") is not None:
         n_gen = view._n_generated
         extra["mi_results_complete"] = view._acc.final_json(n_gen, view._upto)
-    at = chunk.find(_CHOICE_END)
-    if at < 0 and chunk.endswith(_LAST_CHOICE_END) and list(data)[-1] == "choices":
-        at = len(chunk) - len(_LAST_CHOICE_END)
-    if len(choices) == 1 and at > 0:
+    at = _choice_end(chunk, data) if len(choices) == 1 else -1
+    if at > 0:
         fields = _ENCODE.encode(extra)[1:-1].decode()
         return f"{chunk[:at]},{fields}{chunk[at:]}"
     c.update(extra)
