@@ -1,0 +1,113 @@
+"""The serving benchmark's commands as the GPU plans run them (benchmarks/plans/serve_steps_llama.sh),
+on CPU servers of a small Llama config with dummy weights: `serve start` with a control server,
+recorded engine steps and the API-server profiler; `serve rounds` at a request rate and at
+saturation; `serve rounds --api-sample` (py-spy); `serve stop`. Each is the command line a plan
+runs (`python -m benchmarks.xmix_bench serve ...`), so a plan's step that would fail on the GPU
+machine fails here first. What the files hold is checked against what the runs did: every
+configuration's run completed every request with the tokens asked for, and the A/A line goes to
+latest.json's calibration, the apps to their lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, REPO)
+
+
+def _free_ports(n: int) -> int:
+    """A port p with p .. p + n - 1 free now."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65535:
+            continue
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+@pytest.mark.slow
+@pytest.mark.one_version
+def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
+    from benchmarks.xmix_bench import common, serve
+
+    model = common.write_model_config(str(tmp_path / "cfg"), layers=4, d_model=64, vocab=512)
+    out, latest = str(tmp_path / "serve"), str(tmp_path / "latest.json")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (REPO, os.environ.get("PYTHONPATH")) if x))
+
+    def bench(*args, timeout=900):
+        cmd = [sys.executable, "-m", "benchmarks.xmix_bench", "serve", *args, "--out", out]
+        r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, f"{' '.join(args[:1])}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+        return r.stdout
+
+    try:
+        bench("start", "--model", model, "--latest", latest, "--control", "--record-steps", "--profile-api",
+              "--dtype", "float32", "--max-model-len", "512", "--port", str(_free_ports(5)),
+              "--server-args", "--enforce-eager --max-num-seqs 8 --max-num-batched-tokens 512")
+        st = json.load(open(os.path.join(out, "servers.json")))
+        assert set(st["servers"]) == {"vanilla", "xmix", "control"}, st["servers"]
+        assert all(s["startup_s"] > 0 for s in st["servers"].values()), st["servers"]
+        assert st["record_steps"] and st["profile_api"] and st["control"] == "plain"
+
+        # the plan's rate step: a request rate, the A/A control and three configurations
+        bench("rounds", "--latest", latest, "--rates", "16", "--num-prompts", "6", "--warmup", "0", "--repeats", "1",
+              "--dataset", "random", "--input-len", "24", "--range-ratio", "0.5", "--output-len", "5",
+              "--configs", "aa_plain,inactive,steer_all,probe_one")
+        runs = json.load(open(os.path.join(out, "results.json")))
+        assert sorted(r["config"] for r in runs) == ["aa_plain", "inactive", "probe_one", "steer_all", "vanilla"]
+        # (the random dataset draws output lengths 5 +-50% too, the same for every configuration:
+        # with ignore_eos each run gives exactly those tokens)
+        assert len({r["output_tokens"] for r in runs}) == 1 and 6 * 2 <= runs[0]["output_tokens"] <= 6 * 7, runs
+        for r in runs:
+            assert r["rate"] == "16" and r["cpu"]["api_server"]["cpu_s"] > 0 and r["engine_steps"]["tokens"] > 0, r
+        lines = json.load(open(latest))["models"]["cfg"]
+        assert set(lines["serve"]) == {"inactive", "steer_all", "probe_one"}, lines["serve"].keys()
+        assert set(lines["calibration"]) == {"aa_plain"}  # the A/A line: no budget line of its own
+        assert lines["startup"]["plain_s"] > 0 and lines["startup"]["xmix_s"] > 0, lines["startup"]
+        for name, line in {**lines["serve"], **lines["calibration"]}.items():
+            for metric in ("mean_itl", "p99_itl", "mean_ttft", "throughput"):
+                assert line["rate=16"][metric]["ratio"] > 0 and line["rate=16"][metric]["n"] == 1, (name, line)
+
+        # the plan's saturation step, with every app on at once
+        bench("rounds", "--latest", latest, "--rates", "inf", "--num-prompts", "8", "--warmup", "0", "--repeats", "1",
+              "--output-len", "5", "--max-prompt-len", "256", "--configs", "inactive,all_apps")
+        runs = json.load(open(os.path.join(out, "results.json")))
+        sat = [r for r in runs if r["rate"] == "inf"]
+        assert sorted(r["config"] for r in sat) == ["all_apps", "inactive", "vanilla"]
+        assert all(r["output_tokens"] == 8 * 5 for r in sat), sat
+        lines = json.load(open(latest))["models"]["cfg"]["serve"]
+        assert lines["all_apps"]["rate=inf"]["throughput"]["ratio"] > 0 and "rate=16" in lines["probe_one"]
+
+        # the plan's API-server step: unmeasured runs sampled by py-spy, nothing added to the rounds
+        printed = bench("rounds", "--no-latest", "--rates", "inf", "--num-prompts", "8", "--warmup", "0",
+                        "--repeats", "0", "--output-len", "5", "--max-prompt-len", "256", "--api-sample", "inactive,probe_one")
+        sampled = json.load(open(os.path.join(out, "api_sample.json")))
+        assert set(sampled) == {"vanilla", "inactive", "probe_one"}, sampled.keys()
+        for name, r in sampled.items():
+            assert r["output_tokens"] == 8 * 5 and r["requests"] == 8, (name, r)
+            assert os.path.exists(os.path.join(out, f"api_sample_{name}.txt")), name
+        assert "microseconds per output token" in printed, printed[-2000:]
+        assert len(json.load(open(os.path.join(out, "results.json")))) == len(runs)  # (no rounds: none added)
+    finally:
+        stop = subprocess.run([sys.executable, "-m", "benchmarks.xmix_bench", "serve", "stop", "--out", out],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert stop.returncode == 0, stop.stderr[-3000:]
+    st = json.load(open(os.path.join(out, "servers.json")))
+    assert not any(serve.Server.from_record(r).alive() for r in st["servers"].values())
