@@ -36,12 +36,12 @@ $B serve rounds --out $S --latest $S/latest.json --rates inf --num-prompts 1000 
   --repeats 2 --configs aa_plain,inactive,steer_all,probe_one,all_apps > $R/sat.log 2>&1; echo "rc=$?"
 echo SAT
 # where the API server's time goes at saturation: unmeasured runs with py-spy sampling each
-# server's API server (vanilla, apps off, the probe, all-layer steering; ~2 min). py-spy: on PATH
+# server's API server (vanilla, the A/A control: the noise floor, apps off, the probe, all-layer steering; ~2 min). py-spy: on PATH
 # or carried as .gpu/bin/py-spy (README.md); with API_PROFILE=1 also the same runs under cProfile
 # (exact calls, inflated times; ~2 min more)
 [ -x .gpu/bin/py-spy ] && export XMIX_PY_SPY=$PWD/.gpu/bin/py-spy
 $B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 --repeats 0 \
-  --api-sample inactive,probe_one,steer_all > $R/api_sample.log 2>&1; echo "rc=$?"
+  --api-sample aa_plain,inactive,probe_one,steer_all > $R/api_sample.log 2>&1; echo "rc=$?"
 cp $S/api_sample.json $R/ 2>/dev/null; for f in $S/api_sample_*.txt; do [ -f "$f" ] && gzip -c "$f" > $R/$(basename "$f").gz; done
 if [ "${API_PROFILE:-0}" = 1 ]; then
   $B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 --repeats 0 \
