@@ -231,7 +231,8 @@ class StreamDelta:
     row of ``width`` floats; missing values: null), in the alignment of ``mi_results`` (position
     ``i`` is the ``i``-th token of prompt + generated tokens); a ``last`` capture comes once, as
     ``{"pos0": P - 1, "values": [row]}``. Concatenated over a stream's chunks they are the
-    values of the non-streaming response."""
+    values of the non-streaming response (for a ``last`` capture, whose non-streaming value is
+    the row itself: the one-position list holding it)."""
 
     def __init__(self) -> None:
         self._sent: dict[tuple, int] = {}  # (app, name, layer) -> next position to send
