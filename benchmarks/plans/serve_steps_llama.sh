@@ -39,7 +39,7 @@ echo SAT
 # server's API server (vanilla, the A/A control: the noise floor, apps off, the probe, all-layer steering; ~2 min). py-spy: on PATH
 # or carried as .gpu/bin/py-spy (README.md); with API_PROFILE=1 also the same runs under cProfile
 # (exact calls, inflated times; ~2 min more)
-[ -x .gpu/bin/py-spy ] && export XMIX_PY_SPY=$PWD/.gpu/bin/py-spy
+[ -f .gpu/bin/py-spy ] && chmod +x .gpu/bin/py-spy && export XMIX_PY_SPY=$PWD/.gpu/bin/py-spy  # (a carried file may lose its mode)
 $B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 --repeats 0 \
   --api-sample aa_plain,inactive,probe_one,steer_all > $R/api_sample.log 2>&1; echo "rc=$?"
 cp $S/api_sample.json $R/ 2>/dev/null; for f in $S/api_sample_*.txt; do [ -f "$f" ] && gzip -c "$f" > $R/$(basename "$f").gz; done
