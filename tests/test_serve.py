@@ -713,8 +713,9 @@ def test_a_final_chunk_with_fields_after_its_choices_keeps_vllms_text():
     ``system_fingerprint``, ``usage``) gets its values put into its choice by a splice: the rest is
     vLLM's text byte for byte (not serialized again), whichever fields follow and in what order;
     the values are the stream's last and all of them."""
-    from vllm.entrypoints.openai.completion.protocol import CompletionResponseStreamChoice, CompletionStreamResponse
-    from vllm.entrypoints.openai.engine.protocol import UsageInfo
+    # (UsageInfo as the completion protocol imports it: its home module moved between vLLM versions)
+    from vllm.entrypoints.openai.completion.protocol import (CompletionResponseStreamChoice,
+                                                             CompletionStreamResponse, UsageInfo)
 
     from vllm_xmix._vllm_compat import openai_server
     from vllm_xmix.results import ReadResults
