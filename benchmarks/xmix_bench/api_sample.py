@@ -147,8 +147,8 @@ def report(got: dict, base: str = "vanilla", rows: int = 8) -> str:
     lines = ["API server, py-spy samples of the GIL-holding thread, microseconds per output token:"]
     ref = got.get(base) or {}
     for name, r in got.items():
-        d = "" if name == base or not ref else f" ({r['gil_us_per_token'] - ref['gil_us_per_token']:+.1f} on {base})"
-        lines.append(f"  {name:16s} {r['gil_us_per_token']:8.1f} us{d} ({r['samples']} samples, "
+        vs = "" if name == base or not ref else f" ({r['gil_us_per_token'] - ref['gil_us_per_token']:+.1f} on {base})"
+        lines.append(f"  {name:16s} {r['gil_us_per_token']:8.1f} us{vs} ({r['samples']} samples, "
                      f"{r['output_tokens']} tokens)")
         if name == base or not ref:
             continue
@@ -156,5 +156,5 @@ def report(got: dict, base: str = "vanilla", rows: int = 8) -> str:
             was = dict(ref[key])
             now = dict(r[key])
             grown = sorted(((now.get(fn, 0.0) - was.get(fn, 0.0), fn) for fn in set(was) | set(now)), reverse=True)
-            lines += [f"      {key:9s} {d:+8.2f} us  {fn[:150]}" for d, fn in grown[:rows] if d > 0]
+            lines += [f"      {key:9s} {delta:+8.2f} us  {fn[:150]}" for delta, fn in grown[:rows] if delta > 0]
     return "\n".join(lines)
