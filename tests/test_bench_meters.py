@@ -149,6 +149,41 @@ def test_api_sample_counts_self_and_inclusive_samples_per_output_token(tmp_path)
         api_sample.load(str(bad))
 
 
+
+@pytest.mark.parametrize("bench_fails", [True, False])
+def test_a_failing_api_sampler_never_hides_the_runs_own_error(monkeypatch, tmp_path, bench_fails):
+    """`serve rounds --api-sample`: when the benchmark run fails, its error is the one raised
+    (py-spy's failure to stop is only printed); when the run succeeds, py-spy's failure is the
+    error (a sampled run without its samples is not a result)."""
+    import socket
+    import types
+
+    from benchmarks.xmix_bench import api_sample, common, serve
+
+    class BrokenSampler:
+        def __init__(self, pid, path):
+            pass
+
+        def stop(self):
+            raise RuntimeError("py-spy did not stop")
+
+    def bench_serve(argv):
+        if bench_fails:
+            raise RuntimeError("the client lost its server")
+        return {"completed": 1, "duration": 1.0}
+
+    monkeypatch.setattr(api_sample, "Sampler", BrokenSampler)
+    monkeypatch.setattr(common, "bench_serve", bench_serve)
+    with socket.socket() as s:  # a port nothing listens on: the metrics read fails, as reported
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = types.SimpleNamespace(port=port, pid=os.getpid(), steps_dir=None)
+    with pytest.raises(RuntimeError) as e:
+        serve.bench(server, {"serving_dir": "m"}, [], "inf", 1, None, str(tmp_path / "r.json"), 0, 1,
+                    api_sample_to=str(tmp_path / "s.txt"))
+    assert str(e.value) == ("the client lost its server" if bench_fails else "py-spy did not stop")
+
+
 @pytest.mark.one_version
 def test_norm_call_times_a_norm_that_hosts_sites():
     """`profile norm-call` finds a norm that hosts hook sites (it raises otherwise) and times it

@@ -647,6 +647,7 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
     if api_profile:
         os.kill(server.pid, signal.SIGUSR1)
     sampler = api_sample.Sampler(server.pid, api_sample_to) if api_sample_to else None
+    res = None
     try:
         with _after_ready_check(on_ready):
             res = common.bench_serve(argv)
@@ -655,7 +656,13 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
         if api_profile:
             os.kill(server.pid, signal.SIGUSR2)
         if sampler is not None:
-            sampler.stop()
+            try:
+                sampler.stop()
+            except RuntimeError as e:
+                if res is not None:  # the run itself succeeded: the sampler's failure is the error
+                    raise
+                # the run failed: its error propagates, the sampler's is only reported
+                print(f"[serve] {result}: the API-server sampler failed too: {e}", file=sys.stderr)
     res["cpu"] = meter.stop(active_s=res.get("duration"))  # fractions of the benchmark's own duration
     if steps is not None:
         res["engine_steps"] = steps.stop(requests=res.get("completed"))
