@@ -1,7 +1,7 @@
 #!/bin/bash
 # Llama-3.1-8B served rounds with recorded engine steps and a second plain server (A/A control):
-# rate 16 and saturation (2 rounds each); with SATDIAG=1 first the in-process saturation
-# health of four engines (~8 min more). Markers: SATDIAG KTEST NORM UP R16 SAT APIPROF R16MORE DONE ALLDONE. See README.md.
+# rate 16, the API server sampled at saturation, then saturation (2 rounds each); with SATDIAG=1 first the in-process saturation
+# health of four engines (~8 min more). Markers: SATDIAG KTEST NORM UP R16 APIPROF SAT R16MORE DONE ALLDONE (in this order). See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
 R=/root/res; S=/root/xmix-serve/llama; mkdir -p $R $S
@@ -32,9 +32,6 @@ $B serve rounds --out $S --latest $S/latest.json --rates 16 --num-prompts 400 --
   --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 \
   --configs aa_plain,inactive,steer_all,probe_one > $R/r16.log 2>&1; echo "rc=$?"
 echo R16
-$B serve rounds --out $S --latest $S/latest.json --rates inf --num-prompts 1000 --warmup 1 --warmup-prompts 200 \
-  --repeats 2 --configs aa_plain,inactive,steer_all,probe_one,all_apps > $R/sat.log 2>&1; echo "rc=$?"
-echo SAT
 # where the API server's time goes at saturation: unmeasured runs with py-spy sampling each
 # server's API server (vanilla, the A/A control: the noise floor, apps off, the probe, all-layer steering; ~2 min). py-spy: on PATH
 # or carried as .gpu/bin/py-spy (README.md); with API_PROFILE=1 also the same runs under cProfile
@@ -49,6 +46,9 @@ if [ "${API_PROFILE:-0}" = 1 ]; then
   cp $S/api_profile.json $S/api_profile_*.prof $R/ 2>/dev/null
 fi
 echo APIPROF
+$B serve rounds --out $S --latest $S/latest.json --rates inf --num-prompts 1000 --warmup 1 --warmup-prompts 200 \
+  --repeats 2 --configs aa_plain,inactive,steer_all,probe_one,all_apps > $R/sat.log 2>&1; echo "rc=$?"
+echo SAT
 # the other apps' rate-16 lines at this code, against plain vLLM and the A/A control (~5 min)
 $B serve rounds --out $S --latest $S/latest.json --rates 16 --num-prompts 400 --warmup 0 \
   --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 \
