@@ -355,3 +355,27 @@ def test_norm_hosts_the_residual_sites(arch_engine, monkeypatch):
         assert steered and len(calls) > steered, "the norms hosting the sites did not run the op"
     else:
         assert resolved == llm.fused_writes and not calls
+
+
+def test_a_norm_none_of_whose_sites_is_on_runs_as_vllms(arch_engine):
+    """With the norms hosting the residual sites, a step whose apps write at some layers only
+    takes the per-site path at the norms that host those apps' sites: every other norm calls
+    vLLM's add + RMSNorm directly, as with no app on (host time per norm in every step that runs
+    without CUDA graphs). Counted per site at the op (``XmixState.calls``, which the per-site
+    path counts), tokens against HF."""
+    llm, hf = arch_engine
+    if llm.fused_writes not in ("norm", "auto"):
+        pytest.skip("the norms host sites only with fused_writes 'norm' or 'auto'")
+    st = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner \
+        .compilation_config.static_forward_context["vllm_xmix"]
+    assert gen(llm, ["post"]) == [hf.greedy(p, N, deltas(["post"])) for p in PROMPTS]  # (the self-check passes)
+    assert st.verified
+    # the sites the norms host (keyed by their float weights; the other hooked modules' keys are
+    # one-element int8 buffers, whose op counts every call)
+    hosted = {s for sites, _, key in st.site_keys._by_ptr.values() if key.is_floating_point() for s in sites if s >= 0}
+    mid = {st.sites[(L, "hook_resid_mid")] for L in HOOKS["mid"][1]}
+    assert mid <= hosted and len(hosted - mid) >= 4, (sorted(hosted), sorted(mid))
+    before = list(st.calls)
+    assert gen(llm, ["mid"]) == [hf.greedy(p, N, deltas(["mid"])) for p in PROMPTS]
+    grew = {s for s in hosted if st.calls[s] > before[s]}
+    assert grew == mid, f"norms outside the app's sites took the per-site path: {sorted(grew - mid)}"

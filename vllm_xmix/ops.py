@@ -120,18 +120,25 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     norm.
 
     Raises:
-        RuntimeError: ``weight`` is no hosting norm's (see ``SiteKeys.sites_of``; not looked up
+        RuntimeError: ``weight`` is no hosting norm's (see ``SiteKeys.lookup``; not looked up
         in a step with no app on once the hook self-check has passed)."""
     st = _state()
-    if not st.variants.run_mask and st.verified and not st.replicas.on:
-        # no app on in this step (a hosting norm's sites are never fused writes, so no site can
-        # be on): vLLM's norm, without the per-site bookkeeping, which only the self-check
-        # (verify_hooks_fired, passed) and the replica record (off) use; this is host time in
-        # every step that runs without CUDA graphs
+    mask = st.variants.run_mask
+    # vLLM's norm without the per-site bookkeeping, which only the self-check (verify_hooks_fired,
+    # passed) and the replica record (off) use, when no app is on in this step or none of this
+    # norm's sites is in the step's variant (a hosting norm's sites are never fused writes, so
+    # a site runs exactly when its bit is in the run mask: GraphVariants._op_mask): host time in
+    # every step that runs without CUDA graphs, for each norm an app on does not write at
+    bare = st.verified and not st.replicas.on
+    if bare and not mask:
+        plain_add_rms_norm(x, residual, weight, eps)
+        return
+    sites, bits, _ = st.site_keys.lookup(weight)
+    if bare and not mask & bits:
         plain_add_rms_norm(x, residual, weight, eps)
         return
     plans = []
-    for s in st.site_keys.sites_of(weight):
+    for s in sites:
         if s >= 0:
             st.calls[s] += 1
             if st.replicas.on:

@@ -30,8 +30,9 @@ class SiteKeys:
 
     def __init__(self) -> None:
         self._keys: list[tuple[torch.nn.Module, str, tuple[int, ...]]] = []
-        # data pointer -> (sites, module, attribute); a hit is checked against the module's tensor
-        self._by_ptr: dict[int, tuple[tuple[int, ...], torch.nn.Module, str]] = {}
+        # data pointer -> (sites, their bits, the module's tensor when looked up): a hit counts
+        # only while that tensor has the pointer (see lookup)
+        self._by_ptr: dict[int, tuple[tuple[int, ...], int, torch.Tensor]] = {}
 
     def add(self, module: torch.nn.Module, attr: str, sites: tuple[int, ...]) -> None:
         """Record that calls passing ``getattr(module, attr)`` (a tensor) carry ``sites`` (site
@@ -44,7 +45,14 @@ class SiteKeys:
 
     def sites_of(self, key: torch.Tensor) -> tuple[int, ...]:
         """The sites of the module whose key tensor is ``key`` (the tensor the hook op received:
-        the parameter's or buffer's storage).
+        the parameter's or buffer's storage). Errors: as :meth:`lookup`."""
+        return self.lookup(key)[0]
+
+    def lookup(self, key: torch.Tensor) -> tuple[tuple[int, ...], int, torch.Tensor]:
+        """``(sites, bits, tensor)`` of the module whose key tensor is ``key``: its site indices
+        in the order they apply (-1 for none), the run-mask bits of those sites (``1 << site``
+        each; a hook op none of whose bits is in the step's run mask applies nothing), and the
+        module's tensor as it was when looked up.
 
         Raises:
             RuntimeError: no hooked module has this key (a key tensor replaced after the hooks
@@ -52,10 +60,12 @@ class SiteKeys:
             (tied norm weights cannot tell their sites apart)."""
         ptr = key.data_ptr()
         hit = self._by_ptr.get(ptr)
-        # a hit counts only while that module's tensor is still there: memory of a tensor that was
-        # replaced (or of a temporary copy, as CPU weight offloading passes a layer's weights) can
-        # come back as another module's tensor
-        if hit is None or getattr(hit[1], hit[2]).data_ptr() != ptr:
+        # a hit counts only while the tensor it was looked up from still has this memory: memory
+        # of a tensor that was replaced (or of a temporary copy, as CPU weight offloading passes a
+        # layer's weights) could come back as another module's tensor, but not while the entry
+        # holds that tensor, so a pointer match means the same memory; a module whose tensor was
+        # replaced since misses here and is looked up again
+        if hit is None or hit[2].data_ptr() != ptr:
             self._rebuild()  # a parameter replaced or moved after install: look the modules up again
             hit = self._by_ptr.get(ptr)
             if hit is None:
@@ -63,15 +73,20 @@ class SiteKeys:
                     "vllm_xmix: a hook op was called with a key tensor that no hooked module has "
                     f"({len(self._keys)} keys): a module's parameter or key buffer was replaced outside vLLM's "
                     "weight loading; restart the engine")
-        return hit[0]
+        return hit
 
     def _rebuild(self) -> None:
-        by_ptr: dict[int, tuple[tuple[int, ...], torch.nn.Module, str]] = {}
+        by_ptr: dict[int, tuple[tuple[int, ...], int, torch.Tensor]] = {}
         for module, attr, sites in self._keys:
-            p = getattr(module, attr).data_ptr()
+            t = getattr(module, attr)
+            p = t.data_ptr()
             if p in by_ptr and by_ptr[p][0] != sites:
                 raise RuntimeError(
                     f"vllm_xmix: two hooked modules share one key tensor ({attr}; sites {by_ptr[p][0]} and {sites}): "
                     "tied norm weights cannot host sites; set fused_writes='none' for this model")
-            by_ptr[p] = (sites, module, attr)
+            bits = 0
+            for s in sites:
+                if s >= 0:
+                    bits |= 1 << s
+            by_ptr[p] = (sites, bits, t)
         self._by_ptr = by_ptr
