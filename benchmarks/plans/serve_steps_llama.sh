@@ -6,6 +6,8 @@ cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
 R=/root/res; S=/root/xmix-serve/llama; mkdir -p $R $S
 B="python3 -m benchmarks.xmix_bench"
+# CONTROL=0: no A/A control server (its start-up and rounds, ~2.5 min, left out)
+if [ "${CONTROL:-1}" = 1 ]; then CTL="--control"; AA="aa_plain,"; else CTL=""; AA=""; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
 if [ "${SATDIAG:-0}" = 1 ]; then
   $B profile saturation --engines xmix,plain,empty,xmix@VLLM_XMIX_GRAPH_VARIANTS=onoff --json $R/saturation.json \
@@ -28,12 +30,12 @@ if [ "${NORM:-1}" = 1 ]; then
   $B profile norm-call --on --json $R/norm_on.json >> $R/norm.log 2>&1; echo "rc=$?"
 fi
 echo NORM
-$B serve start --model benchmarks/models/llama31_8b --out $S --latest $S/latest.json --gpu-mem 0.3 --control \
+$B serve start --model benchmarks/models/llama31_8b --out $S --latest $S/latest.json --gpu-mem 0.3 $CTL \
   --record-steps --profile-api > $R/start.log 2>&1; echo "rc=$?"
 echo UP
 $B serve rounds --out $S --latest $S/latest.json --rates 16 --num-prompts 400 --warmup 1 --warmup-prompts 60 \
   --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 \
-  --configs aa_plain,inactive,steer_all,probe_one > $R/r16.log 2>&1; echo "rc=$?"
+  --configs ${AA}inactive,steer_all,probe_one > $R/r16.log 2>&1; echo "rc=$?"
 echo R16
 # where the API server's time goes at saturation: unmeasured runs with py-spy sampling each
 # server's API server (vanilla, the A/A control: the noise floor, apps off, the probe, all-layer steering; ~2 min). py-spy: on PATH
@@ -41,7 +43,7 @@ echo R16
 # (exact calls, inflated times; ~2 min more)
 [ -f .gpu/bin/py-spy ] && chmod +x .gpu/bin/py-spy && export XMIX_PY_SPY=$PWD/.gpu/bin/py-spy  # (a carried file may lose its mode)
 $B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 --repeats 0 \
-  --api-sample aa_plain,inactive,probe_one,steer_all > $R/api_sample.log 2>&1; echo "rc=$?"
+  --api-sample ${AA}inactive,probe_one,steer_all > $R/api_sample.log 2>&1; echo "rc=$?"
 cp $S/api_sample.json $R/ 2>/dev/null; for f in $S/api_sample_*.txt; do [ -f "$f" ] && gzip -c "$f" > $R/$(basename "$f").gz; done
 if [ "${API_PROFILE:-0}" = 1 ]; then
   $B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 --repeats 0 \
@@ -50,12 +52,12 @@ if [ "${API_PROFILE:-0}" = 1 ]; then
 fi
 echo APIPROF
 $B serve rounds --out $S --latest $S/latest.json --rates inf --num-prompts 1000 --warmup 1 --warmup-prompts 200 \
-  --repeats 2 --configs aa_plain,inactive,steer_all,probe_one,all_apps > $R/sat.log 2>&1; echo "rc=$?"
+  --repeats 2 --configs ${AA}inactive,steer_all,probe_one,all_apps > $R/sat.log 2>&1; echo "rc=$?"
 echo SAT
 # the other apps' rate-16 lines at this code, against plain vLLM and the A/A control (~5 min)
 $B serve rounds --out $S --latest $S/latest.json --rates 16 --num-prompts 400 --warmup 0 \
   --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 \
-  --configs aa_plain,ablate_all,seal,cast,steer_one > $R/r16_more.log 2>&1; echo "rc=$?"
+  --configs ${AA}ablate_all,seal,cast,steer_one > $R/r16_more.log 2>&1; echo "rc=$?"
 echo R16MORE
 $B serve stop --out $S > $R/stop.log 2>&1
 echo DONE
