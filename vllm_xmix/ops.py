@@ -133,12 +133,12 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     if bare and not mask:
         plain_add_rms_norm(x, residual, weight, eps)
         return
-    sites, bits, _ = st.site_keys.lookup(weight)
-    if bare and not mask & bits:
+    key = st.site_keys.lookup(weight)  # (sites, their run-mask bits, ...)
+    if bare and not mask & key[1]:
         plain_add_rms_norm(x, residual, weight, eps)
         return
     plans = []
-    for s in sites:
+    for s in key[0]:
         if s >= 0:
             st.calls[s] += 1
             if st.replicas.on:

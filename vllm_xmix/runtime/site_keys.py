@@ -30,9 +30,9 @@ class SiteKeys:
 
     def __init__(self) -> None:
         self._keys: list[tuple[torch.nn.Module, str, tuple[int, ...]]] = []
-        # data pointer -> (sites, their bits, the module's tensor when looked up): a hit counts
-        # only while that tensor has the pointer (see lookup)
-        self._by_ptr: dict[int, tuple[tuple[int, ...], int, torch.Tensor]] = {}
+        # data pointer -> (sites, their bits, the dict of the module that holds its tensor, the
+        # attribute): a hit counts only while the module's tensor has the pointer (see lookup)
+        self._by_ptr: dict[int, tuple[tuple[int, ...], int, dict, str]] = {}
 
     def add(self, module: torch.nn.Module, attr: str, sites: tuple[int, ...]) -> None:
         """Record that calls passing ``getattr(module, attr)`` (a tensor) carry ``sites`` (site
@@ -48,11 +48,12 @@ class SiteKeys:
         the parameter's or buffer's storage). Errors: as :meth:`lookup`."""
         return self.lookup(key)[0]
 
-    def lookup(self, key: torch.Tensor) -> tuple[tuple[int, ...], int, torch.Tensor]:
-        """``(sites, bits, tensor)`` of the module whose key tensor is ``key``: its site indices
-        in the order they apply (-1 for none), the run-mask bits of those sites (``1 << site``
-        each; a hook op none of whose bits is in the step's run mask applies nothing), and the
-        module's tensor as it was when looked up.
+    def lookup(self, key: torch.Tensor) -> tuple[tuple[int, ...], int, dict, str]:
+        """``(sites, bits, holder, attr)`` of the module whose key tensor is ``key``: its site
+        indices in the order they apply (-1 for none), the run-mask bits of those sites (``1 <<
+        site`` each; a hook op none of whose bits is in the step's run mask applies nothing), and
+        where the module keeps the tensor (``holder[attr]``: its ``_parameters``, ``_buffers`` or
+        ``__dict__``).
 
         Raises:
             RuntimeError: no hooked module has this key (a key tensor replaced after the hooks
@@ -60,12 +61,12 @@ class SiteKeys:
             (tied norm weights cannot tell their sites apart)."""
         ptr = key.data_ptr()
         hit = self._by_ptr.get(ptr)
-        # a hit counts only while the tensor it was looked up from still has this memory: memory
-        # of a tensor that was replaced (or of a temporary copy, as CPU weight offloading passes a
-        # layer's weights) could come back as another module's tensor, but not while the entry
-        # holds that tensor, so a pointer match means the same memory; a module whose tensor was
-        # replaced since misses here and is looked up again
-        if hit is None or hit[2].data_ptr() != ptr:
+        # a hit counts only while that module's tensor is still there: memory of a tensor that was
+        # replaced (or of a temporary copy, as CPU weight offloading passes a layer's weights) can
+        # come back as another module's tensor (read from the module's own dict: the attribute
+        # through nn.Module.__getattr__ is a Python call per hook op)
+        t = None if hit is None else hit[2].get(hit[3])
+        if t is None or t.data_ptr() != ptr:
             self._rebuild()  # a parameter replaced or moved after install: look the modules up again
             hit = self._by_ptr.get(ptr)
             if hit is None:
@@ -76,17 +77,18 @@ class SiteKeys:
         return hit
 
     def _rebuild(self) -> None:
-        by_ptr: dict[int, tuple[tuple[int, ...], int, torch.Tensor]] = {}
+        by_ptr: dict[int, tuple[tuple[int, ...], int, dict, str]] = {}
         for module, attr, sites in self._keys:
-            t = getattr(module, attr)
-            p = t.data_ptr()
+            p = getattr(module, attr).data_ptr()
             if p in by_ptr and by_ptr[p][0] != sites:
                 raise RuntimeError(
                     f"vllm_xmix: two hooked modules share one key tensor ({attr}; sites {by_ptr[p][0]} and {sites}): "
                     "tied norm weights cannot host sites; set fused_writes='none' for this model")
+            holder = next((d for d in (module._parameters, module._buffers, module.__dict__) if attr in d),
+                          module.__dict__)
             bits = 0
             for s in sites:
                 if s >= 0:
                     bits |= 1 << s
-            by_ptr[p] = (sites, bits, t)
+            by_ptr[p] = (sites, bits, holder, attr)
         self._by_ptr = by_ptr
