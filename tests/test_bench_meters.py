@@ -149,7 +149,6 @@ def test_api_sample_counts_self_and_inclusive_samples_per_output_token(tmp_path)
         api_sample.load(str(bad))
 
 
-
 @pytest.mark.parametrize("bench_fails", [True, False])
 def test_a_failing_api_sampler_never_hides_the_runs_own_error(monkeypatch, tmp_path, bench_fails):
     """`serve rounds --api-sample`: when the benchmark run fails, its error is the one raised

@@ -372,7 +372,7 @@ def test_a_norm_none_of_whose_sites_is_on_runs_as_vllms(arch_engine):
     assert st.verified
     # the sites the norms host (keyed by their float weights; the other hooked modules' keys are
     # one-element int8 buffers, whose op counts every call)
-    hosted = {s for sites, _, holder, attr in st.site_keys._by_ptr.values() if holder[attr].is_floating_point()
+    hosted = {s for module, attr, sites in st.site_keys if getattr(module, attr).is_floating_point()
               for s in sites if s >= 0}
     mid = {st.sites[(L, "hook_resid_mid")] for L in HOOKS["mid"][1]}
     assert mid <= hosted and len(hosted - mid) >= 4, (sorted(hosted), sorted(mid))

@@ -133,12 +133,12 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     if bare and not mask:
         plain_add_rms_norm(x, residual, weight, eps)
         return
-    key = st.site_keys.lookup(weight)  # (sites, their run-mask bits, ...)
-    if bare and not mask & key[1]:
+    entry = st.site_keys.lookup(weight)  # (sites, their run-mask bits, ...)
+    if bare and not mask & entry[1]:
         plain_add_rms_norm(x, residual, weight, eps)
         return
     plans = []
-    for s in key[0]:
+    for s in entry[0]:
         if s >= 0:
             st.calls[s] += 1
             if st.replicas.on:

@@ -43,6 +43,10 @@ class SiteKeys:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def __iter__(self):
+        """``(module, attr, sites)`` of every key recorded by :meth:`add`, in that order."""
+        return iter(self._keys)
+
     def sites_of(self, key: torch.Tensor) -> tuple[int, ...]:
         """The sites of the module whose key tensor is ``key`` (the tensor the hook op received:
         the parameter's or buffer's storage). Errors: as :meth:`lookup`."""
