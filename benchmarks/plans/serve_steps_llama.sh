@@ -6,7 +6,9 @@ cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
 R=/root/res; S=/root/xmix-serve/llama; mkdir -p $R $S
 B="python3 -m benchmarks.xmix_bench"
-# CONTROL=0: no A/A control server (its start-up and rounds, ~2.5 min, left out)
+# CONTROL=0: no A/A control server (its start-up and rounds, ~2.5 min, left out). R16_CONFIGS and
+# R16MORE_CONFIGS: the apps of the two rate-16 steps (~50 s per configuration and round), so that a
+# short lease can measure the lines a change touches first
 if [ "${CONTROL:-1}" = 1 ]; then CTL="--control"; AA="aa_plain,"; else CTL=""; AA=""; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
 if [ "${SATDIAG:-0}" = 1 ]; then
@@ -35,7 +37,7 @@ $B serve start --model benchmarks/models/llama31_8b --out $S --latest $S/latest.
 echo UP
 $B serve rounds --out $S --latest $S/latest.json --rates 16 --num-prompts 400 --warmup 1 --warmup-prompts 60 \
   --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 \
-  --configs ${AA}inactive,steer_all,probe_one > $R/r16.log 2>&1; echo "rc=$?"
+  --configs ${AA}${R16_CONFIGS:-inactive,steer_all,probe_one} > $R/r16.log 2>&1; echo "rc=$?"
 echo R16
 # where the API server's time goes at saturation: unmeasured runs with py-spy sampling each
 # server's API server (vanilla, the A/A control: the noise floor, apps off, the probe, all-layer steering; ~2 min). py-spy: on PATH
@@ -57,7 +59,7 @@ echo SAT
 # the other apps' rate-16 lines at this code, against plain vLLM and the A/A control (~5 min)
 $B serve rounds --out $S --latest $S/latest.json --rates 16 --num-prompts 400 --warmup 0 \
   --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 \
-  --configs ${AA}ablate_all,seal,cast,steer_one > $R/r16_more.log 2>&1; echo "rc=$?"
+  --configs ${AA}${R16MORE_CONFIGS:-ablate_all,seal,cast,steer_one} > $R/r16_more.log 2>&1; echo "rc=$?"
 echo R16MORE
 $B serve stop --out $S > $R/stop.log 2>&1
 echo DONE
