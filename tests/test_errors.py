@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -49,18 +50,18 @@ def test_bad_request_rejected_at_sampling_params(mi_apps, match):
 
 
 @pytest.mark.parametrize("extra, match", [
-    ({"apps": [{"name": "nope"}]}, r"mi_apps\[0\]\.name: unknown app 'nope'; deployed apps: \['happy', 'sad'\]"),
-    ({"apps": [{"name": "happy", "layers": [3]}]}, r"mi_apps\[0\]\.layers: layer 3 is not a deployed layer of app 'happy'"),
-    ({"apps": [{"name": "sad", "layers": [7]}]}, r"mi_apps\[0\]\.layers: layer 7 is not a deployed layer"),
-    ({"apps": [{"name": "happy", "scale": "x"}]}, r"mi_apps\[0\]\.scale: expected a number"),
+    ({"apps": [{"name": "nope"}]}, r"extra_args\.xmix\[0\]\.name: unknown app 'nope'; deployed apps: \['happy', 'sad'\]"),
+    ({"apps": [{"name": "happy", "layers": [3]}]}, r"extra_args\.xmix\[0\]\.layers: layer 3 is not a deployed layer of app 'happy'"),
+    ({"apps": [{"name": "sad", "layers": [7]}]}, r"extra_args\.xmix\[0\]\.layers: layer 7 is not a deployed layer"),
+    ({"apps": [{"name": "happy", "scale": "x"}]}, r"extra_args\.xmix\[0\]\.scale: expected a number"),
     ({"apps": [{"name": "happy", "scale": float("nan")}]}, r"must be finite"),
     # finite but overflowing the dtype: inf/NaN in reused KV-cache blocks would reach other requests
     ({"apps": [{"name": "happy", "scale": 1e38}]},
-     r"mi_apps\[0\]\.scale: app 'happy' op 0 would write values up to .* overflow to inf/NaN"),
+     r"extra_args\.xmix\[0\]\.scale: app 'happy' op 0 would write values up to .* overflow to inf/NaN"),
     ('{"apps": [{"name": "nope"}]}', r"unknown app 'nope'"),  # the JSON-string form vllm_xargs carries
-    ({"apps": "happy"}, r"mi_apps: expected a list of apps, got str"),
-    ("not json", r"mi_apps: expected a list of apps"),
-    ('[{"name": "happy"', r"mi_apps: not valid JSON"),
+    ({"apps": "happy"}, r"extra_args\.xmix: expected a list of apps, got str"),
+    ("not json", r"extra_args\.xmix: expected a list of apps"),
+    ('[{"name": "happy"', r"extra_args\.xmix: not valid JSON"),
 ])
 def test_bad_request_rejected_when_added_engine_keeps_serving(eager_llm, hf, extra, match):
     import vllm
@@ -71,6 +72,26 @@ def test_bad_request_rejected_when_added_engine_keeps_serving(eager_llm, hf, ext
         _gen(eager_llm, [good, bad])  # the bad one is in a batch with a good one
     # the engine still serves, and nothing of the rejected request leaked into the next batch
     assert _gen(eager_llm, good) == [hf.greedy(p, 6) for p in PROMPTS[:2]]
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"mi_apps": ["happy"]}, "extra_args.mi_apps"),  # the vllm_xmix.SamplingParams argument's name
+    ({"XMIX": {"apps": [{"name": "happy"}]}}, "extra_args.XMIX"),
+    ({"xmix_apps": ["happy"]}, "extra_args.xmix_apps"),
+    ({"mi-apps": ["happy"], "other": 1}, "extra_args.mi-apps"),
+])
+def test_misspelled_selection_key_is_refused_not_ignored(eager_llm, hf, extra, field):
+    """A selection under a key nothing reads would run the request without its apps: refused,
+    naming the key, and the engine keeps serving (keys of other users of extra_args pass)."""
+    import vllm
+
+    bad = vllm.SamplingParams(temperature=0, max_tokens=4, extra_args=extra)
+    good = vllm.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    with pytest.raises(ValueError, match=re.escape(field) + r": unknown key, which nothing reads"):
+        _gen(eager_llm, [good, bad])
+    assert _gen(eager_llm, good) == [hf.greedy(p, 6) for p in PROMPTS[:2]]
+    other = vllm.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, extra_args={"other": 1})
+    assert _gen(eager_llm, other) == [hf.greedy(p, 6) for p in PROMPTS[:2]]
 
 
 def test_request_accepts_numpy_numbers_and_sequences():

@@ -15,7 +15,8 @@ selections (names, unknown names, scales of every type including NaN, inf, strin
 integers beyond float range, layer subsets, undeployed layers, extra keys, duplicates, ``n``),
 given as ``mi_apps`` or as ``extra_args["xmix"]``, several per batch beside a plain request.
 Accepted requests equal HF's greedy tokens with the same adds and their probe values equal HF's;
-refused ones raise an ``XmixSpecError`` naming the item (``mi_apps[i]...``). After every example
+refused ones raise an ``XmixSpecError`` naming the item (``mi_apps[i]...``, or
+``extra_args.xmix[i]...``). After every example
 the engine serves a plain request equal to HF, and the runtime and the scheduler hold nothing of
 the example's requests.
 
@@ -520,7 +521,9 @@ def test_request_selections_are_served_as_hf_or_refused_naming_the_field(sel_llm
         except XmixSpecError as e:
             event("refused")
             assert problem is not None, f"refused {raw!r} (n={n}): {e}"
-            assert any(t in str(e) for t in problem), (problem, str(e))
+            # (errors name the selection as it was given: extra_args.xmix or mi_apps)
+            texts = [t.replace("mi_apps", "extra_args.xmix", 1) for t in problem] if via_extra_args else problem
+            assert any(t in str(e) for t in texts), (texts, str(e))
             continue
         event("accepted")
         assert problem is None, f"accepted {raw!r} (n={n}), expected an error with {problem!r}"

@@ -18,7 +18,7 @@ import re
 import msgspec
 
 from ..spec import CONFIG_KEY, XmixSpecError
-from .requests import selection_reads, validate_selection
+from .requests import field_path, looks_like_selection_key, selection_reads, validate_selection
 
 BODY_FIELD = "mi_apps"
 #: the routes whose requests apps apply to (and whose responses carry read values)
@@ -29,8 +29,6 @@ ADMIN_PREFIX = "/v1/mi/"
 _MAX_ECHO = 80
 
 
-#: a key in a field path: a name (hyphens allowed), or any other key as ``["..."]`` (JSON-quoted)
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _QUOTED = r'\["(?:[^"\\]|\\.)*"\]'
 #: the field an error message starts with (``"<field>: ..."``, as every selection error here is
 #: written): a dotted path with list indices, e.g. ``vllm_xargs.xmix[0].scale`` or
@@ -42,14 +40,6 @@ _FIELD = re.compile(rf"((?:[A-Za-z_][A-Za-z0-9_-]*|{_QUOTED})(?:\[\d+\]|\.[A-Za-
 #: template arguments: user data that may name a property ``xmix``) is not looked into
 _CONTAINERS = {"extra_args": (), "kv_transfer_params": (), "ec_transfer_params": (),
                "sampling_params": ("extra_args",), "vllm_xargs": ()}
-
-
-def field_path(parent: str, key: str) -> str:
-    """``parent`` + ``key`` as error messages name a field: ``a.b``, or ``a["b c"]`` for a key
-    that is not a plain name ("" parent: the key alone)."""
-    if _NAME.fullmatch(key):
-        return f"{parent}.{key}" if parent else key
-    return f"{parent}[{json.dumps(key)}]"
 
 
 def error_param(message: str) -> str | None:
@@ -129,12 +119,6 @@ def misplaced_selection(data: dict) -> str | None:
     return None
 
 
-def _looks_like_selection(key: str) -> bool:
-    k = key.lower().replace("-", "_")
-    return bool(difflib.get_close_matches(k.replace("_", ""), ["miapps", "xmix"], n=1, cutoff=0.7)) or \
-        k in ("apps", "mi_app", "xmix_apps")
-
-
 def take_body_selection(request) -> tuple[str | None, str, object]:
     """Move a request's top-level ``mi_apps`` field into ``vllm_xargs["xmix"]`` (as JSON text,
     the form the engine reads), so one path serves both spellings. Returns (the error message
@@ -151,11 +135,11 @@ def take_body_selection(request) -> tuple[str | None, str, object]:
         if key == "extra_body":
             return ("extra_body: is the OpenAI Python client's argument, not a request field; send its "
                     f"contents as top-level fields (e.g. {{\"{BODY_FIELD}\": [...]}})"), "", None
-        if _looks_like_selection(key):
+        if looks_like_selection_key(key):
             return (f"{field_path('', key)}: unknown request field; apps are selected with \"{BODY_FIELD}\" "
                     f"(or vllm_xargs.{CONFIG_KEY})"), "", None
     for key in xargs:
-        if key != CONFIG_KEY and _looks_like_selection(key):
+        if key != CONFIG_KEY and looks_like_selection_key(key):
             return (f"{field_path('vllm_xargs', key)}: unknown key; apps are selected with "
                     f"vllm_xargs.{CONFIG_KEY} or a top-level \"{BODY_FIELD}\" field"), "", None
     if BODY_FIELD in extra:

@@ -6,8 +6,10 @@ KV must not be shared with unsteered requests).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import re
 import uuid
 
 from ..hf_config import text_config
@@ -20,6 +22,28 @@ from ..spec import (CONFIG_KEY, XmixSpecError, check_request_against_deployment,
 PROJ_SPAN = 64.0
 _DEP_CACHE: dict[int, tuple] = {}
 _LAYERS_CACHE: dict[int, tuple] = {}
+
+
+#: a key in a field path: a name (hyphens allowed), or any other key as ``["..."]`` (JSON-quoted)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def field_path(parent: str, key: str) -> str:
+    """``parent`` + ``key`` as error messages name a field: ``a.b``, or ``a["b c"]`` for a key
+    that is not a plain name ("" parent: the key alone)."""
+    if _NAME.fullmatch(key):
+        return f"{parent}.{key}" if parent else key
+    return f"{parent}[{json.dumps(key)}]"
+
+
+def looks_like_selection_key(key: str) -> bool:
+    """Whether a key that is not ``xmix`` looks like a (mis)spelling of a selection: close to
+    ``mi_apps`` or ``xmix`` in any case, with ``-`` or ``_`` anywhere, or ``apps``, ``mi_app``,
+    ``xmix_apps``. Such a key in ``extra_args`` (offline) or ``vllm_xargs`` (HTTP) is refused:
+    nothing reads it, so the request would run without the apps it meant to select."""
+    k = key.lower().replace("-", "_")
+    return bool(difflib.get_close_matches(k.replace("_", ""), ["miapps", "xmix"], n=1, cutoff=0.7)) or \
+        k in ("apps", "mi_app", "xmix_apps")
 
 
 #: what a cache salt for prompt reads holds before its per-request part (uuid4): a request
@@ -149,18 +173,31 @@ def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field
 
 def validate_request(vllm_config, params):
     """Validate ``params.extra_args["xmix"]``; returns (canonical wire dict or None, salt or None).
+    Errors name the field as the caller wrote it: ``mi_apps`` for a ``vllm_xmix.SamplingParams``
+    built with ``mi_apps``, else ``extra_args.xmix``.
 
     Raises:
-        XmixSpecError (a ValueError) naming the field.
+        XmixSpecError (a ValueError) naming the field; also for a key of ``extra_args`` that
+        looks like a misspelled selection (:func:`looks_like_selection_key`, e.g. ``mi_apps`` or
+        ``XMIX``), which nothing would read: the request would run without its apps.
     """
     from vllm import SamplingParams
 
     if not isinstance(params, SamplingParams):
         return None, None
     ea = params.extra_args
-    if not ea or CONFIG_KEY not in ea:
+    if not ea:
         return None, None
-    return validate_selection(vllm_config, ea[CONFIG_KEY], getattr(params, "n", 1))
+    for key in ea:
+        if key != CONFIG_KEY and isinstance(key, str) and looks_like_selection_key(key):
+            raise XmixSpecError(
+                f"{field_path('extra_args', key)}: unknown key, which nothing reads, so the request would "
+                f"run without these apps; select apps with extra_args[{CONFIG_KEY!r}] or "
+                "vllm_xmix.SamplingParams(mi_apps=[...])")
+    if CONFIG_KEY not in ea:
+        return None, None
+    field = "mi_apps" if getattr(params, "mi_apps", None) is not None else f"extra_args.{CONFIG_KEY}"
+    return validate_selection(vllm_config, ea[CONFIG_KEY], getattr(params, "n", 1), field=field)
 
 
 def selection_reads(vllm_config, wire) -> list[str]:
