@@ -506,7 +506,7 @@ def test_request_selections_are_served_as_hf_or_refused_naming_the_field(sel_llm
     from vllm_xmix import SamplingParams, XmixSpecError
 
     _example[0] += 1
-    reqs, want = [], {}
+    want = {}
     for j, ((raw, n, problem), pi, via_extra_args) in enumerate(batch):
         rid = f"f{_example[0]}-{j}"
         # greedy where n is 1 (compared with HF); vLLM samples n > 1 (seeded, not compared)
