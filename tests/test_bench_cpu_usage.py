@@ -29,7 +29,7 @@ setproctitle("VLLM::EngineCore")
 burn(0.2)  # before the meter's first read: not counted
 print("up", flush=True)
 sys.stdin.readline()
-burn(0.4)
+burn(0.6)
 print("done", flush=True)
 sys.stdin.readline()  # until the parent closes it
 """
@@ -65,10 +65,12 @@ def test_meter_splits_cpu_time_between_api_server_and_engine_core():
     api, engine, wall = cpu["api_server"], cpu["engine_core"], cpu["active_s"]
     assert cpu["active_s"] == cpu["wall_s"]  # no active time given: the fractions are of the wall time
     # CPU seconds, not wall time: independent of how busy the machine is (the kernel counts
-    # them in clock ticks of 10 ms, hence the slack below the burnt amounts)
-    assert 0.28 <= api["cpu_s"] < 0.3 + 0.1, cpu
-    assert 0.38 <= engine["cpu_s"] < 0.4 + 0.1, cpu
-    assert api["busiest_thread"] * wall >= 0.28 and engine["busiest_thread"] * wall >= 0.38, cpu
+    # them in clock ticks of 10 ms, hence the slack below the burnt amounts; on a loaded machine
+    # a process's ticks were seen to lag its thread clock by up to 0.1 s, hence the slack above:
+    # the two ranges stay apart)
+    assert 0.28 <= api["cpu_s"] < 0.3 + 0.15, cpu
+    assert 0.58 <= engine["cpu_s"] < 0.6 + 0.15, cpu
+    assert api["busiest_thread"] * wall >= 0.28 and engine["busiest_thread"] * wall >= 0.58, cpu
     assert abs(api["busy"] * wall - api["cpu_s"]) < 0.01
     assert summary(cpu).startswith("api ") and ", engine " in summary(cpu)
 
