@@ -42,6 +42,8 @@ def add_arguments(p) -> None:
                    "see the checkpoint subcommand and --load-format auto)")
     p.add_argument("--load-format", default="dummy", help="vLLM load_format: dummy (random per rank), auto (the "
                    "checkpoint in --model)")
+    p.add_argument("--quantization", default=None, help="vLLM quantization, e.g. fp8 (online: the dummy weights "
+                   "quantized as they load; Mixtral-8x7B in fp8 is ~47 GB)")
     p.add_argument("--plain", action="store_true", help="no apps deployed: the no-app tokens only (run with "
                    "VLLM_PLUGINS= for plain vLLM), to compare with the plugin's 'none'")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two files written by this command")
@@ -161,12 +163,13 @@ def run(args) -> None:
     llm, startup = common.make_llm(args.model, apps=apps, fused_writes=args.fused_writes, eager=args.eager,
                                    dtype=args.dtype, max_model_len=1024, gpu_memory_utilization=args.gpu_mem,
                                    max_num_batched_tokens=512, tensor_parallel_size=args.tp,
-                                   load_format=args.load_format)
+                                   load_format=args.load_format,
+                                   **({"quantization": args.quantization} if args.quantization else {}))
     info = common.engine_info(llm)
     prompts = common.token_prompts(1, args.prompts, 16, 600, cfg["vocab_size"])
     res = {"startup_s": round(startup, 1), "eager": args.eager, "fused_writes": args.fused_writes, "tokens": {},
            "reads": {}, "async_scheduling": info["async_scheduling"], "v2_runner": info["v2_runner"],
-           "tp": args.tp, "load_format": args.load_format, "plain": args.plain,
+           "tp": args.tp, "load_format": args.load_format, "quantization": args.quantization, "plain": args.plain,
            "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
 
     def sp(name, n):
