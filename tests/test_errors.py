@@ -78,6 +78,7 @@ def test_bad_request_rejected_when_added_engine_keeps_serving(eager_llm, hf, ext
     ({"mi_apps": ["happy"]}, "extra_args.mi_apps"),  # the vllm_xmix.SamplingParams argument's name
     ({"XMIX": {"apps": [{"name": "happy"}]}}, "extra_args.XMIX"),
     ({"xmix_apps": ["happy"]}, "extra_args.xmix_apps"),
+    ({"Mi_App": ["happy"]}, "extra_args.Mi_App"),
     ({"mi-apps": ["happy"], "other": 1}, "extra_args.mi-apps"),
 ])
 def test_misspelled_selection_key_is_refused_not_ignored(eager_llm, hf, extra, field):
@@ -90,7 +91,8 @@ def test_misspelled_selection_key_is_refused_not_ignored(eager_llm, hf, extra, f
     with pytest.raises(ValueError, match=re.escape(field) + r": unknown key, which nothing reads"):
         _gen(eager_llm, [good, bad])
     assert _gen(eager_llm, good) == [hf.greedy(p, 6) for p in PROMPTS[:2]]
-    other = vllm.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, extra_args={"other": 1})
+    # (extra_args is other extensions' too: a key that only resembles one passes, e.g. "mix")
+    other = vllm.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, extra_args={"other": 1, "mix": 0.5})
     assert _gen(eager_llm, other) == [hf.greedy(p, 6) for p in PROMPTS[:2]]
 
 

@@ -6,7 +6,6 @@ KV must not be shared with unsteered requests).
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
@@ -36,14 +35,10 @@ def field_path(parent: str, key: str) -> str:
     return f"{parent}[{json.dumps(key)}]"
 
 
-def looks_like_selection_key(key: str) -> bool:
-    """Whether a key that is not ``xmix`` looks like a (mis)spelling of a selection: close to
-    ``mi_apps`` or ``xmix`` in any case, with ``-`` or ``_`` anywhere, or ``apps``, ``mi_app``,
-    ``xmix_apps``. Such a key in ``extra_args`` (offline) or ``vllm_xargs`` (HTTP) is refused:
-    nothing reads it, so the request would run without the apps it meant to select."""
-    k = key.lower().replace("-", "_")
-    return bool(difflib.get_close_matches(k.replace("_", ""), ["miapps", "xmix"], n=1, cutoff=0.7)) or \
-        k in ("apps", "mi_app", "xmix_apps")
+#: how a selection key may be misspelled in ``extra_args`` (lower case, ``_`` for ``-``): the
+#: offline check is exact, since ``extra_args`` is also other vLLM extensions' (the HTTP check of
+#: ``vllm_xargs`` also refuses near misses, ``validation.http``)
+_SELECTION_SPELLINGS = (CONFIG_KEY, "mi_apps", "mi_app", "xmix_apps")
 
 
 #: what a cache salt for prompt reads holds before its per-request part (uuid4): a request
@@ -178,8 +173,8 @@ def validate_request(vllm_config, params):
 
     Raises:
         XmixSpecError (a ValueError) naming the field; also for a key of ``extra_args`` that
-        looks like a misspelled selection (:func:`looks_like_selection_key`, e.g. ``mi_apps`` or
-        ``XMIX``), which nothing would read: the request would run without its apps.
+        spells a selection otherwise (``mi_apps``, ``XMIX``, ``xmix-apps``: any case, ``-`` for
+        ``_``), which nothing would read: the request would run without its apps.
     """
     from vllm import SamplingParams
 
@@ -189,7 +184,8 @@ def validate_request(vllm_config, params):
     if not ea:
         return None, None
     for key in ea:
-        if key != CONFIG_KEY and isinstance(key, str) and looks_like_selection_key(key):
+        if (key != CONFIG_KEY and isinstance(key, str)
+                and key.lower().replace("-", "_") in _SELECTION_SPELLINGS):
             raise XmixSpecError(
                 f"{field_path('extra_args', key)}: unknown key, which nothing reads, so the request would "
                 f"run without these apps; select apps with extra_args[{CONFIG_KEY!r}] or "
