@@ -1,0 +1,17 @@
+#!/bin/bash
+# What an app's engine steps cost on the device, per kind of step, against apps off in the same
+# engine (~7 min): the plugin's Llama-3.1-8B engine in-process at rate 16 (`steps`), each app on
+# every request in turn, 2 interleaved rounds after a warm-up, then a round with a torch-profiler
+# trace of steps 10-59 of apps off, steer_all, ablate_all and CAST (kernels per step by name).
+# For the lines where an app's served ITL exceeds steer_all's (ablate_all, CAST, SEAL, the probe)
+# without a measured cause. Marker: TRACE. See README.md.
+cd "${XMIX_REPO:?}" || exit 1
+source /root/xmix-env.sh
+R=/root/res; mkdir -p $R
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
+VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -m benchmarks.xmix_bench steps benchmarks/models/llama31_8b \
+  --_engine xmix:auto --configs inactive,steer_all,ablate_all,cast,seal,probe_one --rate 16 --num-prompts 150 \
+  --rounds 2 --trace 10,60 --trace-configs inactive,steer_all,ablate_all,cast \
+  --out $R/steps_apps.json > $R/steps_apps.log 2>&1; echo "rc=$?"
+grep "^\[steps\]" $R/steps_apps.log | tail -30
+echo TRACE
