@@ -189,6 +189,11 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     assert [serve.round_order(["a", "b", "c"], k) for k in range(3)] == [["a", "b", "c"], ["c", "b", "a"],
                                                                           ["a", "b", "c"]]
     assert serve.round_order(["a", "b"], 1, "fixed") == ["a", "b"]
+    # --configs sets the order after vanilla (a witness such as aa_plain can sit mid-round)
+    known = serve.configs_for(["steer_all", "cast"], control=True)
+    assert list(serve.selected_configs(known, "cast,aa_plain,steer_all,cast,vanilla")) == [
+        "vanilla", "cast", "aa_plain", "steer_all"]
+    assert list(serve.selected_configs(known, "steer_all")) == ["vanilla", "steer_all"]
 
 
 def test_server_log_yields_the_capture_and_each_graph_variants_cost(tmp_path, caplog):

@@ -178,7 +178,11 @@ def _round_options(q) -> None:
     q.add_argument("--max-prompt-len", type=int, default=1024, help="sharegpt: longest prompt")
     q.add_argument("--input-len", type=int, default=256, help="random: mean prompt length")
     q.add_argument("--range-ratio", type=float, default=0.9, help="random: prompt lengths input-len * (1 +- this)")
-    q.add_argument("--configs", default="", help="comma-separated subset (vanilla always runs)")
+    q.add_argument("--configs", default="",
+                   help="comma-separated subset, run in this order after vanilla (which always runs first; abba "
+                        "reverses the whole order in odd rounds). ABBA cancels a linear drift, not a hump in the "
+                        "middle of the rounds: a configuration expected at zero (the A/A control aa_plain, or "
+                        "inactive) placed in the middle witnesses one")
     q.add_argument("--order", choices=["abba", "fixed"], default="abba",
                    help="configurations per round: abba (rounds with an even number, counted over the "
                         "folder's results.json, in reverse, so that a run's position in its round, e.g. after a "
@@ -734,6 +738,14 @@ def timeline(res: dict, stall_ms: float = 20.0) -> dict:
             "ttfts_ms": [round(float(x) * 1e3, 2) for x in ttfts]}
 
 
+def selected_configs(configs: dict, selection: str) -> dict:
+    """``configs`` (name -> (server, selection)) restricted to the comma-separated names of
+    ``selection``, in that order, after ``vanilla`` (always first, once). Unknown names are the
+    caller's to refuse."""
+    names = ["vanilla"] + [n for n in dict.fromkeys(selection.split(",")) if n and n != "vanilla" and n in configs]
+    return {n: configs[n] for n in names}
+
+
 def round_order(names: list[str], k: int, order: str = "abba") -> list[str]:
     """The configurations of measured round ``k`` (0, 1, ...) in the order they run: ``names``
     as given, and with ``order`` ``abba`` reversed in every odd round (A B C, C B A, A B C, ...),
@@ -782,8 +794,7 @@ def rounds(args) -> int:
         except RuntimeError as e:
             args._parser.error(f"--api-sample: {e}")
     if args.configs:
-        keep = {"vanilla", *args.configs.split(",")}
-        configs = {k: v for k, v in configs.items() if k in keep}
+        configs = selected_configs(configs, args.configs)
     dataset_args, title = _dataset(args, st)
     rates = args.rates.split(",")
     write_sweep_files(os.path.join(out, "sweep"), st, dataset_args, configs, rates, args.num_prompts)
