@@ -25,39 +25,27 @@ APPS="steer_all,ablate_all,probe_one,seal,cast"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0.3; else LMEM=0.42; AA=""; QMEM=0.42; fi
 
-S=/root/xmix-serve/llama; mkdir -p $S
-if has LR16 || has LSAT; then
-  $B serve start --model benchmarks/models/llama31_8b --out $S --latest $S/latest.json --gpu-mem $LMEM \
-    > $R/lstart.log 2>&1; echo "rc=$?"
-fi
-echo LUP
-if has LR16; then
-  $B serve rounds --out $S --latest $S/latest.json $R16 --warmup 1 --warmup-prompts 60 \
-    --configs $AA$APPS,inactive > $R/lr16.log 2>&1; echo "rc=$?"
-fi
-echo LR16
-if has LSAT; then
-  $B serve rounds --out $S --latest $S/latest.json $SAT --warmup 1 --warmup-prompts 200 \
-    --configs $AA$APPS,all_apps,steer_all_K256,inactive > $R/lsat.log 2>&1; echo "rc=$?"
-fi
-echo LSAT
-$B serve stop --out $S > $R/lstop.log 2>&1
-
-S=/root/xmix-serve/qwen; mkdir -p $S
-if has QR16 || has QSAT; then
-  $B serve start --model benchmarks/models/qwen3_8b --out $S --latest $S/latest.json --gpu-mem $QMEM \
-    > $R/qstart.log 2>&1; echo "rc=$?"
-fi
-echo QUP
-if has QR16; then
-  $B serve rounds --out $S --latest $S/latest.json $R16 --warmup 1 --warmup-prompts 60 \
-    --configs $APPS,inactive > $R/qr16.log 2>&1; echo "rc=$?"
-fi
-echo QR16
-if has QSAT; then
-  $B serve rounds --out $S --latest $S/latest.json $SAT --warmup 1 --warmup-prompts 200 \
-    --configs $APPS,all_apps,steer_all_K256,inactive > $R/qsat.log 2>&1; echo "rc=$?"
-fi
-echo QSAT
-$B serve stop --out $S > $R/qstop.log 2>&1
+# one model's servers and steps: model TAG (L/Q: markers TAGUP TAGR16 TAGSAT, logs tag*.log),
+# its config folder, the serving folder's name, --gpu-mem (and server options), configurations
+# before the apps
+model() {
+  local T=$1 M=$2 S=/root/xmix-serve/$3 MEM=$4 PRE=$5 t; t=$(echo "$1" | tr LQ lq); mkdir -p $S
+  if has ${T}R16 || has ${T}SAT; then
+    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM > $R/${t}start.log 2>&1; echo "rc=$?"
+  fi
+  echo ${T}UP
+  if has ${T}R16; then
+    $B serve rounds --out $S --latest $S/latest.json $R16 --warmup 1 --warmup-prompts 60 \
+      --configs $PRE$APPS,inactive > $R/${t}r16.log 2>&1; echo "rc=$?"
+  fi
+  echo ${T}R16
+  if has ${T}SAT; then
+    $B serve rounds --out $S --latest $S/latest.json $SAT --warmup 1 --warmup-prompts 200 \
+      --configs $PRE$APPS,all_apps,steer_all_K256,inactive > $R/${t}sat.log 2>&1; echo "rc=$?"
+  fi
+  echo ${T}SAT
+  $B serve stop --out $S > $R/${t}stop.log 2>&1
+}
+model L benchmarks/models/llama31_8b llama "$LMEM" "$AA"
+model Q benchmarks/models/qwen3_8b qwen "$QMEM" ""
 echo ALLDONE
