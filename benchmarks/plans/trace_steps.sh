@@ -7,11 +7,14 @@
 # without a measured cause. Marker: TRACE. See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
-R=/root/res; mkdir -p $R
+R=/root/res; mkdir -p $R /root/trace
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
 VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -m benchmarks.xmix_bench steps benchmarks/models/llama31_8b \
   --_engine xmix:auto --configs inactive,steer_all,ablate_all,cast,seal,probe_one --rate 16 --num-prompts 150 \
   --rounds 2 --trace 10,60 --trace-configs inactive,steer_all,ablate_all,cast \
-  --out $R/steps_apps.json > $R/steps_apps.log 2>&1; echo "rc=$?"
+  --out /root/trace/steps_apps.json > $R/steps_apps.log 2>&1; echo "rc=$?"
+# the summaries only: the raw chrome traces (trace-<config>.json, tens of MB) stay in /root/trace,
+# out of what poll.sh packs
+cp /root/trace/steps_apps.json $R/ 2>/dev/null
 grep "^\[steps\]" $R/steps_apps.log | tail -30
 echo TRACE
