@@ -309,3 +309,42 @@ def test_steps_pairs_each_requests_ttft_with_the_first_configuration():
     assert [r["ttft_paired_ms"] for r in per["ablate_all"]] == [2.0, 1.0]  # medians of (2, 5, -1) and (1, 4, 0.5)
     runs = [{**r, "steps": {}} for r in per["ablate_all"]]
     assert summary(runs)["ttft_paired_ms"] == 1.5
+
+
+def test_a_measurement_on_another_card_is_named_where_it_is_shown(tmp_path):
+    """Ratios are to plain vLLM on the same card, and the table says which card where it is not
+    the default one: in the row's last column and in its "Measured with" line; --merge --card
+    stamps the merged measurements that name none, and leaves those that do."""
+    lp, md = _files(tmp_path)
+    assert _run(lp, md) == 0
+    assert "H100" not in open(md).read()  # the default card is not named
+    other = tmp_path / "h100.json"
+    other.write_text(json.dumps({"models": {MODEL: {
+        "serve": {"steer_all": {"rate=16": _entry("c9", "2026-12-06", mean_itl=_stat(1.003, 1.001, 1.005, 2),
+                                                  p99_itl=_stat(0.97, 0.95, 0.98, 2),
+                                                  mean_ttft=_stat(0.98, 0.96, 0.99, 2))}},
+        "startup": {**_entry("c9", "2026-12-06", plain_s=124.0, xmix_s=142.0, ratio=1.145), "card": "H200"}}}}))
+    assert _run(lp, md, "--merge", str(other), "--card", "H100") == 0
+    model = json.loads(open(lp).read())["models"][MODEL]
+    assert model["serve"]["steer_all"]["rate=16"]["card"] == "H100"
+    assert model["startup"]["card"] == "H200"  # named already: kept
+    assert "card" not in model["serve"]["inactive"]["rate=16"]  # not merged: untouched
+    text = open(md).read()
+    row = _row(text, "steer_all")
+    assert row.startswith("| Each app on every request") and "| +0.30% [+0.10, +0.50] |" in row
+    assert row.endswith("| c9 2026-12-06 H100; c0 2026-11-30 |"), row  # latency on the H100, throughput not
+    assert "- c9, 2026-12-06, H100 (latency (rate 16): steer_all): rate 16, 3 rounds." in text
+    assert _row(text, "server start-up").endswith("| c9 2026-12-06 |")
+    # a serve folder's runs added with the card they ran on
+    out = tmp_path / "serve-h100"
+    out.mkdir()
+    common.write_json(str(out / "results.json"), [
+        {"rate": "16", "round": 1, "config": c, "title": "llama31_8b, 400 prompts", "commit": "c9", "date": "2026-12-06",
+         "result": {"mean_itl_ms": itl, "p99_itl_ms": 10.0, "mean_ttft_ms": 30.0, "total_token_throughput": 5e3}}
+        for c, itl in (("vanilla", 7.0), ("cast", 7.175))])
+    assert _run(lp, md, "--add-serve", str(out), "--card", "H100") == 0
+    assert json.loads(open(lp).read())["models"][MODEL]["serve"]["cast"]["rate=16"]["card"] == "H100"
+    assert _row(open(md).read(), "cast").endswith("| c9 2026-12-06 H100 |")
+    # serve rounds and serve start record the card nvidia-smi names, in short
+    assert [common.card_name(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "Tesla T4 ")] == [
+        "H100", "H200", "Tesla"]

@@ -335,6 +335,26 @@ def git_commit() -> str:
     return (head + ("+dirty" if dirty else "")) if head else "unknown"
 
 
+def card_name(full: str) -> str:
+    """The short name of a GPU as ``nvidia-smi`` gives it: ``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``
+    (the first word after the vendor's), or the name as given where it has no such word."""
+    words = full.replace("NVIDIA", "").split()
+    return words[0] if words else full.strip()
+
+
+def gpu_card() -> str | None:
+    """This machine's first GPU (:func:`card_name` of ``nvidia-smi``'s name), or None without
+    one. Asks ``nvidia-smi`` rather than torch: a CUDA context in the bench client would take GPU
+    memory from the servers it measures."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    name = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    return card_name(name) if name else None
+
+
 def today() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
 
@@ -346,13 +366,33 @@ def command_line() -> str:
 
 def update_latest(path, model: str, keys: tuple[str, ...], entry: dict) -> None:
     """Set ``latest["models"][model][keys...]`` to ``entry`` (one measurement: its numbers
-    and ``commit``, ``date``, ``workload``, ``command``, ``source``)."""
+    and ``commit``, ``date``, ``workload``, ``command``, ``source``, and ``card``, the GPU it ran
+    on, where known: :data:`DEFAULT_CARD` where absent)."""
     data = read_json(path, {}) or {}
     node = data.setdefault("models", {}).setdefault(model, {})
     for k in keys[:-1]:
         node = node.setdefault(k, {})
     node[keys[-1]] = entry
     write_json(path, data)
+
+
+#: the card of a latest.json measurement that names none (those before cards were recorded)
+DEFAULT_CARD = "H200"
+
+
+def stamp_card(data: dict, card: str) -> dict:
+    """``data`` (a latest.json) with ``card`` set on every measurement that names none."""
+    def walk(node: dict) -> None:
+        for v in node.values():
+            if isinstance(v, dict):
+                if "commit" in v:
+                    v.setdefault("card", card)
+                else:
+                    walk(v)
+
+    out = json.loads(json.dumps(data))
+    walk(out.get("models", {}))
+    return out
 
 
 def merge_latest(dst: dict, src: dict) -> dict:

@@ -72,6 +72,9 @@ def add_arguments(p) -> None:
     p.add_argument("--fused-writes", help="with --add-serve: the deployment's fused_writes (named in the workload)")
     p.add_argument("--workload", help="with --add-serve: what was run, instead of the runs' title")
     p.add_argument("--source", default="", help="with --add-serve: where the numbers come from")
+    p.add_argument("--card", help="with --merge / --add-serve: the GPU the measurements ran on (e.g. H100), set on "
+                                  "those that name none; without it they count as measured on the "
+                                  f"{common.DEFAULT_CARD}")
 
 
 def main(args) -> int:
@@ -80,7 +83,8 @@ def main(args) -> int:
             args._parser.error("--check does not go with --merge / --add-serve")
         data = common.read_json(args.latest, {}) or {}
         for path in args.merge:
-            data = common.merge_latest(data, common.read_json(path, {}) or {})
+            src = common.read_json(path, {}) or {}
+            data = common.merge_latest(data, common.stamp_card(src, args.card) if args.card else src)
         common.write_json(args.latest, data)
         if args.add_serve:
             print(add_serve(args))
@@ -112,7 +116,7 @@ def add_serve(args) -> str:
     return serve.to_latest(args.latest, runs, model, rates=args.rates.split(",") if args.rates else None,
                            configs=args.configs.split(",") if args.configs else None, command=args.command,
                            fused_writes=args.fused_writes, commit=args.commit, date=args.date, title=args.workload,
-                           source=args.source or f"{args.add_serve}/results.json")
+                           source=args.source or f"{args.add_serve}/results.json", card=args.card)
 
 
 # ------------------------------------------------------------------------------ the block
@@ -223,8 +227,14 @@ def _status(verdicts: list, missing: list) -> str:
     return s
 
 
+def _when(e: dict) -> str:
+    """A measurement's commit and date, and its card where it is not :data:`common.DEFAULT_CARD`."""
+    card = e.get("card", common.DEFAULT_CARD)
+    return f"{e['commit']} {e['date']}" + ("" if card == common.DEFAULT_CARD else f" {card}")
+
+
 def _measured(entries) -> str:
-    pairs = list(dict.fromkeys(f"{e['commit']} {e['date']}" for _, e in entries))
+    pairs = list(dict.fromkeys(_when(e) for _, e in entries))
     return "; ".join(pairs) if pairs else "–"
 
 
@@ -256,8 +266,7 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
             rows.append(f"| {label} | {config} | {dash} | {NM} | – |")
             return
         met, text = judge(entry)
-        rows.append(f"| {label} | {config} | {dash} | {'met' if met else 'missed'}: {text} | "
-                    f"{entry['commit']} {entry['date']} |")
+        rows.append(f"| {label} | {config} | {dash} | {'met' if met else 'missed'}: {text} | {_when(entry)} |")
         used.setdefault(_source_key(entry), {}).setdefault(what, []).append("server")
 
     server_line(f"Start-up <= {STARTUP_MAX:g}x plain", "start-up", "server start-up", model.get("startup"),
@@ -268,9 +277,9 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
                 lambda e: (e["xmix_gib"] - e["plain_gib"] <= GRAPH_EXTRA_GIB,
                            f"{e['xmix_gib']:g} vs {e['plain_gib']:g} GiB (+{e['xmix_gib'] - e['plain_gib']:.2f} GiB)"))
     notes = ["", "Measured with:"]
-    for (workload, commit, date, command, source), uses in used.items():
+    for (workload, commit, date, command, source, card), uses in used.items():
         what = "; ".join(f"{k}: {', '.join(dict.fromkeys(v))}" if v != ["server"] else k for k, v in uses.items())
-        line = f"- {commit}, {date} ({what}): {workload}."
+        line = f"- {commit}, {date}" + ("" if card == common.DEFAULT_CARD else f", {card}") + f" ({what}): {workload}."
         if command:
             line += f" `{command}`."
         if source:
@@ -288,15 +297,17 @@ def _note_uses(used: dict, entries: dict, cfg: str) -> None:
 
 
 def _source_key(e: dict) -> tuple:
-    return (e.get("workload", ""), e.get("commit", "?"), e.get("date", "?"), e.get("command", ""), e.get("source", ""))
+    return (e.get("workload", ""), e.get("commit", "?"), e.get("date", "?"), e.get("command", ""), e.get("source", ""),
+            e.get("card", common.DEFAULT_CARD))
 
 
 def render(data: dict) -> str:
     models = data.get("models", {})
     known = list(common.MODEL_NAMES.values())
     order = [n for n in known if n in models] + sorted(set(models) - set(known))
-    out = ["Latest measurement per budget line against plain vLLM 0.26 (the plugin not loaded) on one H200, "
-           "bf16, dummy weights: the median ratio over rounds, [min, max] over rounds where there were "
+    out = ["Latest measurement per budget line against plain vLLM 0.26 (the plugin not loaded) on the same "
+           f"GPU, one {common.DEFAULT_CARD} unless the last column names another card (each ratio is to plain vLLM "
+           "on that card), bf16, dummy weights: the median ratio over rounds, [min, max] over rounds where there were "
            "several. Status: met / missed (the whole range inside / outside the bound) / unresolved (the "
            "range straddles it, or a single round inside it is all there is); latency at the latest finite "
            "request rate, throughput at saturation. The calibration row, where measured, is a second plain "

@@ -546,7 +546,7 @@ def start(args, profiler: bool | None = None) -> dict:
           "apps": [a.name for a in apps] if args.second == "xmix" else [], "second": args.second,
           "fused_writes": args.fused_writes, "server_args": server_args,
           "xmix_env": {k: os.environ[k] for k in _xmix_settings() if k in os.environ},
-          "profiler": profiler, "commit": common.git_commit(), "date": common.today(),
+          "profiler": profiler, "commit": common.git_commit(), "date": common.today(), "card": common.gpu_card(),
           "command": common.command_line(), "servers": {}}
     record_steps = getattr(args, "record_steps", False)
     if record_steps:
@@ -872,7 +872,8 @@ def rounds(args) -> int:
     print(summarize(runs, out))
     if not args.no_latest:
         print(to_latest(args.latest, runs, st["model_name"], rates=rates, configs=list(configs),
-                        setup=st.get("command", ""), command=command, fused_writes=st.get("fused_writes")))
+                        setup=st.get("command", ""), command=command, fused_writes=st.get("fused_writes"),
+                        card=common.gpu_card()))
     return 0
 
 
@@ -998,12 +999,13 @@ def profile_run(out: str, servers: dict, st: dict, config, name: str, dataset_ar
 
 def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setup: str = "", command: str = "",
               fused_writes: str | None = None, commit: str | None = None, date: str | None = None,
-              source: str = "", title: str | None = None) -> str:
+              source: str = "", title: str | None = None, card: str | None = None) -> str:
     """Per (rate, workload) and configuration: each metric's median ratio to vanilla and its
     range over rounds, into latest.json (``serve[config]["rate=R"]``; an A/A configuration,
     ``aa_plain`` / ``aa_empty``, under ``calibration[config]["rate=R"]``: how far plain vLLM
     lies from itself, and the plugin with nothing deployed from plain vLLM, beside these lines,
-    whichever ``configs`` are named)."""
+    whichever ``configs`` are named). ``card``: the GPU the runs were measured on (each entry's
+    ``card``; none recorded when None)."""
     done = []
     for (rate, group_title), by_config in common.serve_groups(runs).items():
         if rates is not None and rate not in rates:
@@ -1025,6 +1027,8 @@ def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setu
                 entry["setup"] = setup
             if source:
                 entry["source"] = source
+            if card:
+                entry["card"] = card
             # an A/A line (plain vLLM against itself) calibrates the pair: no budget line, kept apart
             common.update_latest(path, model, ("calibration" if cfg.startswith("aa_") else "serve", cfg,
                                                f"rate={rate}"), entry)
@@ -1038,6 +1042,8 @@ def _latest_startup(path, st: dict) -> None:
             "workload": f"server start-up, one server at a time, {len(st['apps'])} apps deployed "
                         f"({', '.join(st['apps'])}), fused_writes={st['fused_writes']}, "
                         f"{' '.join(st['server_args'])}"}
+    if st.get("card"):
+        base["card"] = st["card"]
     common.update_latest(path, st["model_name"], ("startup",),
                          {"plain_s": v["startup_s"], "xmix_s": x["startup_s"],
                           "ratio": round(x["startup_s"] / v["startup_s"], 4), **base})
