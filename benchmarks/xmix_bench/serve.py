@@ -181,8 +181,8 @@ def _round_options(q) -> None:
     q.add_argument("--configs", default="",
                    help="comma-separated subset, run in this order after vanilla (which always runs first; abba "
                         "reverses the whole order in odd rounds). ABBA cancels a linear drift, not a hump in the "
-                        "middle of the rounds: a configuration expected at zero (the A/A control aa_plain, or "
-                        "inactive) placed in the middle witnesses one")
+                        "middle of a pair of rounds: a configuration expected at zero (the A/A control aa_plain, "
+                        "or inactive) placed last, at the centre of the pair, witnesses one")
     q.add_argument("--order", choices=["abba", "fixed"], default="abba",
                    help="configurations per round: abba (rounds with an even number, counted over the "
                         "folder's results.json, in reverse, so that a run's position in its round, e.g. after a "
