@@ -13,8 +13,8 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -m benchmarks.xmix_bench steps benchmar
   --_engine xmix:auto --configs inactive,steer_all,ablate_all,cast,seal,probe_one --rate 16 --num-prompts 150 \
   --rounds 2 --trace 10,60 --trace-configs inactive,steer_all,ablate_all,cast \
   --out /root/trace/steps_apps.json > $R/steps_apps.log 2>&1; echo "rc=$?"
-# the summaries only: the raw chrome traces (trace-<config>.json, tens of MB) stay in /root/trace,
-# out of what poll.sh packs
+# (the engine writes each raw chrome trace beside --out, summarizes it into the JSON and deletes it:
+# --out outside /root/res keeps a trace that outlives a cut run out of what poll.sh packs)
 cp /root/trace/steps_apps.json $R/ 2>/dev/null
 grep "^\[steps\]" $R/steps_apps.log | tail -30
 echo TRACE
