@@ -345,6 +345,10 @@ def test_a_measurement_on_another_card_is_named_where_it_is_shown(tmp_path):
     assert _run(lp, md, "--add-serve", str(out), "--card", "H100") == 0
     assert json.loads(open(lp).read())["models"][MODEL]["serve"]["cast"]["rate=16"]["card"] == "H100"
     assert _row(open(md).read(), "cast").endswith("| c9 2026-12-06 H100 |")
+    # an option that would do nothing is refused, not ignored
+    for extra in (["--card", "H100"], ["--commit", "c9"], ["--source", "x"]):
+        with pytest.raises(SystemExit):
+            _run(lp, md, *extra)
     # serve rounds and serve start record the card nvidia-smi names, in short
     assert [common.card_name(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "Tesla T4 ")] == [
         "H100", "H200", "Tesla"]

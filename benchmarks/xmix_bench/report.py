@@ -77,7 +77,17 @@ def add_arguments(p) -> None:
                                   f"{common.DEFAULT_CARD}")
 
 
+#: options that only mean something with --add-serve (and --card also with --merge)
+_ADD_SERVE_ONLY = ("model_name", "configs", "rates", "commit", "date", "command", "fused_writes", "workload", "source")
+
+
 def main(args) -> int:
+    unused = [o for o in _ADD_SERVE_ONLY if getattr(args, o) and not args.add_serve]
+    if args.card and not (args.merge or args.add_serve):
+        unused.append("card")
+    if unused:
+        args._parser.error(f"{', '.join('--' + o.replace('_', '-') for o in unused)}: only with --add-serve"
+                           + (" (--card: or --merge)" if "card" in unused else ""))
     if args.merge or args.add_serve:
         if args.check:
             args._parser.error("--check does not go with --merge / --add-serve")
