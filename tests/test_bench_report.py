@@ -311,7 +311,7 @@ def test_steps_pairs_each_requests_ttft_with_the_first_configuration():
     assert summary(runs)["ttft_paired_ms"] == 1.5
 
 
-def test_a_measurement_on_another_card_is_named_where_it_is_shown(tmp_path):
+def test_a_measurement_on_another_card_is_named_where_it_is_shown(tmp_path, capsys):
     """Ratios are to plain vLLM on the same card, and the table says which card where it is not
     the default one: in the row's last column and in its "Measured with" line; --merge --card
     stamps the merged measurements that name none, and leaves those that do."""
@@ -346,9 +346,17 @@ def test_a_measurement_on_another_card_is_named_where_it_is_shown(tmp_path):
     assert json.loads(open(lp).read())["models"][MODEL]["serve"]["cast"]["rate=16"]["card"] == "H100"
     assert _row(open(md).read(), "cast").endswith("| c9 2026-12-06 H100 |")
     # an option that would do nothing is refused, not ignored
-    for extra in (["--card", "H100"], ["--commit", "c9"], ["--source", "x"]):
+    before = (open(lp).read(), open(md).read())
+    for extra, named in ((["--card", "H100"], "--card"), (["--commit", "c9"], "--commit"), (["--source", "x"], "--source")):
         with pytest.raises(SystemExit):
             _run(lp, md, *extra)
+        assert f"{named}: only with --add-serve" in capsys.readouterr().err
+    assert (open(lp).read(), open(md).read()) == before
+    # --add-serve without --card: the card the folder's servers.json names (serve start records it)
+    common.write_json(str(out / "servers.json"), {"card": "H200"})
+    assert _run(lp, md, "--add-serve", str(out)) == 0
+    assert json.loads(open(lp).read())["models"][MODEL]["serve"]["cast"]["rate=16"]["card"] == "H200"
     # serve rounds and serve start record the card nvidia-smi names, in short
-    assert [common.card_name(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "Tesla T4 ")] == [
-        "H100", "H200", "Tesla"]
+    assert [common.card_name(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "Tesla T4 ", "NVIDIA A100-SXM4-80GB",
+                                          "NVIDIA GeForce RTX 4090", "Some GPU")] == [
+        "H100", "H200", "T4", "A100", "GeForce RTX 4090", "Some GPU"]

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Every serving budget line of Llama-3.1-8B, then Qwen3-8B, in one lease (~27 min on an H200):
+# Every serving budget line of Llama-3.1-8B, then Qwen3-8B (~38 min in all on an H100, an estimate from
+# its measured start-ups and runs: more than one lease; STEPS splits it):
 # rate 16 for apps off and each app, then saturation for the same and for all_apps and 256
 # distinct configurations, 2 interleaved rounds each. The servers run as vLLM defaults them apart
 # from the memory share; no step recorder, no API profiler. Ordered so that a lease cut short
@@ -16,11 +17,16 @@ R=/root/res; mkdir -p $R
 B="python3 -m benchmarks.xmix_bench"
 STEPS=" ${STEPS:-LR16 LSAT QR16 QSAT} "
 has() { case "$STEPS" in *" $1 "*) return 0;; esac; return 1; }
+for step in $STEPS; do  # a misspelt step would run nothing and still print every marker
+  case "$step" in LR16|LSAT|QR16|QSAT) ;; *) echo "STEPS: unknown step '$step' (LR16 LSAT QR16 QSAT, space-separated)"; echo ALLDONE; exit 2;; esac
+done
+echo "steps:$STEPS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
 R16="--rates 16 --num-prompts 400 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 --repeats 2"
 SAT="--rates inf --num-prompts 1000 --repeats 2"
-# apps off last: with ABBA rounds it runs at the centre of the sequence, where a hump in the
-# machine's speed (seen 2026-12-06: both rounds' middle runs slower) would show on a line expected at 0
+# apps off last: with ABBA rounds it runs at the centre of each pair of rounds, where a hump in
+# the machine's speed (seen 2026-12-06: the runs around the rounds' boundary slower) would show on
+# a line expected at 0
 APPS="steer_all,ablate_all,probe_one,seal,cast"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0.3; else LMEM=0.42; AA=""; QMEM=0.42; fi

@@ -1,6 +1,6 @@
 #!/bin/bash
 # What an app's engine steps cost on the device, per kind of step, against apps off in the same
-# engine (~7 min): the plugin's Llama-3.1-8B engine in-process at rate 16 (`steps`), each app on
+# engine (~8 min, estimated): the plugin's Llama-3.1-8B engine in-process at rate 16 (`steps`), each app on
 # every request in turn, 2 interleaved rounds after a warm-up, then a round with a torch-profiler
 # trace of steps 10-59 of apps off, steer_all, ablate_all and CAST (kernels per step by name).
 # For the lines where an app's served ITL exceeds steer_all's (ablate_all, CAST, SEAL, the probe)

@@ -13,6 +13,7 @@ import datetime
 import json
 import math
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -336,10 +337,11 @@ def git_commit() -> str:
 
 
 def card_name(full: str) -> str:
-    """The short name of a GPU as ``nvidia-smi`` gives it: ``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``
-    (the first word after the vendor's), or the name as given where it has no such word."""
-    words = full.replace("NVIDIA", "").split()
-    return words[0] if words else full.strip()
+    """The short name of a GPU as ``nvidia-smi`` gives it: its first model number (capitals then
+    digits: ``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``, ``"NVIDIA A100-SXM4-80GB"`` -> ``"A100"``),
+    else the name without the vendor's."""
+    m = re.search(r"\b[A-Z]+\d+[A-Za-z]*\b", full.replace("NVIDIA", ""))
+    return m.group(0) if m else " ".join(full.replace("NVIDIA", "").split())
 
 
 def gpu_card() -> str | None:

@@ -73,8 +73,8 @@ def add_arguments(p) -> None:
     p.add_argument("--workload", help="with --add-serve: what was run, instead of the runs' title")
     p.add_argument("--source", default="", help="with --add-serve: where the numbers come from")
     p.add_argument("--card", help="with --merge / --add-serve: the GPU the measurements ran on (e.g. H100), set on "
-                                  "those that name none; without it they count as measured on the "
-                                  f"{common.DEFAULT_CARD}")
+                                  "those that name none (--add-serve: default, the card the folder's servers.json "
+                                  f"names); a measurement naming none counts as measured on the {common.DEFAULT_CARD}")
 
 
 #: options that only mean something with --add-serve (and --card also with --merge)
@@ -126,7 +126,9 @@ def add_serve(args) -> str:
     return serve.to_latest(args.latest, runs, model, rates=args.rates.split(",") if args.rates else None,
                            configs=args.configs.split(",") if args.configs else None, command=args.command,
                            fused_writes=args.fused_writes, commit=args.commit, date=args.date, title=args.workload,
-                           source=args.source or f"{args.add_serve}/results.json", card=args.card)
+                           source=args.source or f"{args.add_serve}/results.json",
+                           card=args.card or (common.read_json(os.path.join(args.add_serve, "servers.json"), {})
+                                              or {}).get("card"))
 
 
 # ------------------------------------------------------------------------------ the block

@@ -873,7 +873,7 @@ def rounds(args) -> int:
     if not args.no_latest:
         print(to_latest(args.latest, runs, st["model_name"], rates=rates, configs=list(configs),
                         setup=st.get("command", ""), command=command, fused_writes=st.get("fused_writes"),
-                        card=common.gpu_card()))
+                        card=st.get("card") or common.gpu_card()))
     return 0
 
 
