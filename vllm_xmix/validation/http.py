@@ -18,7 +18,7 @@ import re
 import msgspec
 
 from ..spec import CONFIG_KEY, XmixSpecError
-from .requests import field_path, selection_reads, validate_selection
+from .requests import SELECTION_SPELLINGS, field_path, selection_reads, validate_selection
 
 BODY_FIELD = "mi_apps"
 #: the routes whose requests apps apply to (and whose responses carry read values)
@@ -120,9 +120,12 @@ def misplaced_selection(data: dict) -> str | None:
 
 
 def _looks_like_selection(key: str) -> bool:
+    """Whether a request field or ``vllm_xargs`` key looks like a misspelled selection: one of
+    :data:`.requests.SELECTION_SPELLINGS`, ``apps``, or close to ``mi_apps`` / ``xmix`` in any case
+    with ``-`` or ``_`` anywhere (nothing else reads these keys, unlike offline ``extra_args``)."""
     k = key.lower().replace("-", "_")
-    return bool(difflib.get_close_matches(k.replace("_", ""), ["miapps", "xmix"], n=1, cutoff=0.7)) or \
-        k in ("apps", "mi_app", "xmix_apps")
+    return k in SELECTION_SPELLINGS or k == "apps" or \
+        bool(difflib.get_close_matches(k.replace("_", ""), ["miapps", "xmix"], n=1, cutoff=0.7))
 
 
 def take_body_selection(request) -> tuple[str | None, str, object]:

@@ -35,10 +35,10 @@ def field_path(parent: str, key: str) -> str:
     return f"{parent}[{json.dumps(key)}]"
 
 
-#: how a selection key may be misspelled in ``extra_args`` (lower case, ``_`` for ``-``): the
-#: offline check is exact, since ``extra_args`` is also other vLLM extensions' (the HTTP check of
-#: ``vllm_xargs`` also refuses near misses, ``validation.http``)
-_SELECTION_SPELLINGS = (CONFIG_KEY, "mi_apps", "mi_app", "xmix_apps")
+#: how a selection key may be misspelled (lower case, ``_`` for ``-``): the offline check of
+#: ``extra_args`` refuses exactly these, since ``extra_args`` is also other vLLM extensions'; the
+#: HTTP check of request fields and ``vllm_xargs`` refuses these and near misses (``validation.http``)
+SELECTION_SPELLINGS = (CONFIG_KEY, "mi_apps", "mi_app", "xmix_apps")
 
 
 #: what a cache salt for prompt reads holds before its per-request part (uuid4): a request
@@ -185,7 +185,7 @@ def validate_request(vllm_config, params):
         return None, None
     for key in ea:
         if (key != CONFIG_KEY and isinstance(key, str)
-                and key.lower().replace("-", "_") in _SELECTION_SPELLINGS):
+                and key.lower().replace("-", "_") in SELECTION_SPELLINGS):
             raise XmixSpecError(
                 f"{field_path('extra_args', key)}: unknown key, which nothing reads, so the request would "
                 f"run without these apps; select apps with extra_args[{CONFIG_KEY!r}] or "
