@@ -77,6 +77,13 @@ if HAS_TRITON:
         if ROW:
             for i in range(n_entries):
                 e = tl.load(entries_ptr + i).to(tl.int64)
+                # the entry's vector, kind and value depend on the entry only: their loads go out
+                # beside the coefficient's, not after its test (one dependent round trip less
+                # per entry in a latency-bound kernel; as add_sum does for adds). A token whose
+                # coefficient is 0 leaves them unused, whatever they hold.
+                v = tl.load(vec_ptr + e * stride_vec + offs, mask=m, other=0.0)
+                kind = tl.load(kinds_ptr + e)
+                val = tl.load(values_ptr + e)
                 c = tl.load(coef_ptr + slot * stride_coef + e)
                 if HAS_COND:
                     if c != 0.0:  # the condition, only for tokens with the entry on (kernels/cond_gate.py)
@@ -84,11 +91,10 @@ if HAS_TRITON:
                                           tok_prev_ptr, bitmap_ptr, V, out_ptr, stride_out, mean_ptr, stride_mean,
                                           latch_ptr, stride_latch)
                 if c != 0.0:
-                    v = tl.load(vec_ptr + e * stride_vec + offs, mask=m, other=0.0)
                     coeff = c
-                    if tl.load(kinds_ptr + e) == 1:
+                    if kind == 1:
                         s = h.to(tl.float32) + x.to(tl.float32)
-                        coeff = c * (tl.load(values_ptr + e) - tl.sum(s * v, axis=0))
+                        coeff = c * (val - tl.sum(s * v, axis=0))
                     h = (h.to(tl.float32) + coeff * v).to(h.dtype)
         else:
             h = _adds(h, m, offs, slot, coef_ptr, stride_coef, vec_ptr, stride_vec, entries_ptr, n_entries, BLOCK_D)
