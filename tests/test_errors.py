@@ -80,6 +80,12 @@ def test_bad_request_rejected_when_added_engine_keeps_serving(eager_llm, hf, ext
     ({"xmix_apps": ["happy"]}, "extra_args.xmix_apps"),
     ({"Mi_App": ["happy"]}, "extra_args.Mi_App"),
     ({"mi-apps": ["happy"], "other": 1}, "extra_args.mi-apps"),
+    # near misses holding a selection (a typo nothing reads: the request would run unsteered)
+    ({"xmx": ["happy"]}, "extra_args.xmx"),
+    ({"xmix ": ["happy"]}, 'extra_args["xmix "]'),
+    ({"x_mix": {"apps": [{"name": "happy"}]}}, "extra_args.x_mix"),
+    ({"apps": [{"name": "happy", "scale": 2.0}]}, "extra_args.apps"),
+    ({"MiApps": '["happy"]'}, "extra_args.MiApps"),
 ])
 def test_misspelled_selection_key_is_refused_not_ignored(eager_llm, hf, extra, field):
     """A selection under a key nothing reads would run the request without its apps: refused,
@@ -91,8 +97,10 @@ def test_misspelled_selection_key_is_refused_not_ignored(eager_llm, hf, extra, f
     with pytest.raises(ValueError, match=re.escape(field) + r": unknown key, which nothing reads"):
         _gen(eager_llm, [good, bad])
     assert _gen(eager_llm, good) == [hf.greedy(p, 6) for p in PROMPTS[:2]]
-    # (extra_args is other extensions' too: a key that only resembles one passes, e.g. "mix")
-    other = vllm.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, extra_args={"other": 1, "mix": 0.5})
+    # (extra_args is other extensions' too: a key that only resembles one passes without a
+    # selection in it, e.g. "mix", "maps")
+    other = vllm.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                extra_args={"other": 1, "mix": 0.5, "maps": {"a": [1]}, "xmx": 3})
     assert _gen(eager_llm, other) == [hf.greedy(p, 6) for p in PROMPTS[:2]]
 
 
@@ -158,6 +166,20 @@ def test_bad_deployment_rejected_at_engine_start(tiny_llama, make, match):
     """A bad deployment fails LLM() with a ValueError naming the field (before any worker starts)."""
     with pytest.raises(ValueError, match=match):
         make_llm(tiny_llama, "eager", additional_config=make())
+
+
+@pytest.mark.parametrize("key", ["xmx", "mi_apps", "XMIX", "x-mix"])
+def test_deployment_under_a_misspelled_key_is_refused(tiny_llama, key):
+    """A deployment under a key nothing reads would start an engine without its apps (requests
+    naming them then fail as unknown apps, far from the typo): refused at engine start, naming
+    the key. Other extensions' keys pass, a bare "apps" among them."""
+    with pytest.raises(ValueError, match=re.escape(f"additional_config.{key}: unknown key, which nothing reads")):
+        make_llm(tiny_llama, "eager", additional_config={key: deploy(_app())["xmix"]})
+    from types import SimpleNamespace as NS
+
+    from vllm_xmix.validation import validate_engine_config
+
+    validate_engine_config(NS(additional_config={"apps": ["other-plugin"], "mix": {"a": 1}}))  # no error
 
 
 def test_unsupported_architecture_is_an_error(tmp_path):

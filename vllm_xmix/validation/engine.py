@@ -13,7 +13,7 @@ import os
 from ..hf_config import n_experts, text_config
 from ..runtime import RUNTIME_ID, check_buffer_bytes, engine_limits, graph_variant_settings, piecewise_variant_setting
 from ..spec import CONFIG_KEY, XmixSpecError, parse_deployment, validate_deployment
-from .requests import check_write_magnitude
+from .requests import check_write_magnitude, field_path, misspelled_selection_key
 
 logger = logging.getLogger("vllm.xmix")
 
@@ -22,10 +22,21 @@ def validate_engine_config(vllm_config) -> None:
     """Check ``additional_config["xmix"]`` against the model and the engine features.
 
     Raises:
-        ValueError (XmixSpecError): bad spec, unsupported architecture or feature.
+        ValueError (XmixSpecError): bad spec, unsupported architecture or feature; a deployment
+        under a misspelled key (``additional_config["xmx"]``, ``["mi_apps"]``: see
+        ``validation.requests.misspelled_selection_key``), which nothing would read.
     """
     add = vllm_config.additional_config
-    if not isinstance(add, dict) or CONFIG_KEY not in add:
+    if not isinstance(add, dict):
+        return
+    # a deployment nothing reads: the engine would start without these apps (a bare "apps" key
+    # is left to other extensions: additional_config is every platform's and plugin's)
+    key = misspelled_selection_key(add, allow=("apps",))
+    if key is not None:
+        raise XmixSpecError(f"{field_path('additional_config', key)}: unknown key, which nothing reads, so the "
+                            f"engine would start without these apps; deploy apps under "
+                            f"additional_config[{CONFIG_KEY!r}] (vllm_xmix.deploy(...) builds it)")
+    if CONFIG_KEY not in add:
         return
     dep = parse_deployment(add[CONFIG_KEY])
     mc = vllm_config.model_config

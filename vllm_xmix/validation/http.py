@@ -18,7 +18,7 @@ import re
 import msgspec
 
 from ..spec import CONFIG_KEY, XmixSpecError
-from .requests import SELECTION_SPELLINGS, field_path, selection_reads, validate_selection
+from .requests import field_path, looks_like_selection_key, selection_reads, validate_selection
 
 BODY_FIELD = "mi_apps"
 #: the routes whose requests apps apply to (and whose responses carry read values)
@@ -119,15 +119,6 @@ def misplaced_selection(data: dict) -> str | None:
     return None
 
 
-def _looks_like_selection(key: str) -> bool:
-    """Whether a request field or ``vllm_xargs`` key looks like a misspelled selection: one of
-    :data:`.requests.SELECTION_SPELLINGS`, ``apps``, or close to ``mi_apps`` / ``xmix`` in any case
-    with ``-`` or ``_`` anywhere (nothing else reads these keys, unlike offline ``extra_args``)."""
-    k = key.lower().replace("-", "_")
-    return k in SELECTION_SPELLINGS or k == "apps" or \
-        bool(difflib.get_close_matches(k.replace("_", ""), ["miapps", "xmix"], n=1, cutoff=0.7))
-
-
 def take_body_selection(request) -> tuple[str | None, str, object]:
     """Move a request's top-level ``mi_apps`` field into ``vllm_xargs["xmix"]`` (as JSON text,
     the form the engine reads), so one path serves both spellings. Returns (the error message
@@ -144,11 +135,11 @@ def take_body_selection(request) -> tuple[str | None, str, object]:
         if key == "extra_body":
             return ("extra_body: is the OpenAI Python client's argument, not a request field; send its "
                     f"contents as top-level fields (e.g. {{\"{BODY_FIELD}\": [...]}})"), "", None
-        if _looks_like_selection(key):
+        if looks_like_selection_key(key):
             return (f"{field_path('', key)}: unknown request field; apps are selected with \"{BODY_FIELD}\" "
                     f"(or vllm_xargs.{CONFIG_KEY})"), "", None
     for key in xargs:
-        if key != CONFIG_KEY and _looks_like_selection(key):
+        if key != CONFIG_KEY and looks_like_selection_key(key):
             return (f"{field_path('vllm_xargs', key)}: unknown key; apps are selected with "
                     f"vllm_xargs.{CONFIG_KEY} or a top-level \"{BODY_FIELD}\" field"), "", None
     if BODY_FIELD in extra:

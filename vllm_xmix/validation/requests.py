@@ -6,6 +6,7 @@ KV must not be shared with unsteered requests).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -35,10 +36,61 @@ def field_path(parent: str, key: str) -> str:
     return f"{parent}[{json.dumps(key)}]"
 
 
-#: how a selection key may be misspelled (lower case, ``_`` for ``-``): the offline check of
-#: ``extra_args`` refuses exactly these, since ``extra_args`` is also other vLLM extensions'; the
-#: HTTP check of request fields and ``vllm_xargs`` refuses these and near misses (``validation.http``)
+#: how a selection key may be misspelled (lower case, ``_`` for ``-``, no surrounding spaces):
+#: refused under any value, offline in ``extra_args`` and over HTTP
 SELECTION_SPELLINGS = (CONFIG_KEY, "mi_apps", "mi_app", "xmix_apps")
+
+
+def _normal_key(key: str) -> str:
+    return key.strip().lower().replace("-", "_")
+
+
+def looks_like_selection_key(key: str) -> bool:
+    """Whether ``key`` looks like a misspelled selection key: one of :data:`SELECTION_SPELLINGS`,
+    ``apps``, or close to ``mi_apps`` / ``xmix`` in any case, with ``-`` / ``_`` anywhere and
+    surrounding spaces (``xmx``, ``x_mix``, ``MiApps``, ``"xmix "``). Over HTTP nothing else reads
+    such keys, so the key alone decides (``validation.http``); ``extra_args`` and
+    ``additional_config`` are other extensions' too, so there a near miss is refused only with a
+    value shaped like a selection (:func:`selection_shaped`)."""
+    k = _normal_key(key)
+    return k in SELECTION_SPELLINGS or k == "apps" or \
+        bool(difflib.get_close_matches(k.replace("_", ""), ["miapps", "xmix"], n=1, cutoff=0.7))
+
+
+def selection_shaped(value) -> bool:
+    """Whether ``value`` has the shape of an app selection or deployment: a non-empty list whose
+    items are all app names, ``{"name": ...}`` dicts or ``MIApp`` objects; a dict with ``apps``; or
+    JSON text of one of these."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text[:1] in ("[", "{"):
+            return False
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return False
+    if isinstance(value, dict):
+        return "apps" in value
+    if isinstance(value, (list, tuple)) and value:
+        from ..spec import MIApp
+
+        return all(isinstance(v, (str, MIApp)) or (isinstance(v, dict) and "name" in v) for v in value)
+    return False
+
+
+def misspelled_selection_key(data: dict, allow: tuple[str, ...] = ()) -> str | None:
+    """The first key of ``data`` (``extra_args`` or ``additional_config``) other than ``xmix``
+    that holds a selection nothing reads: a spelling of the selection key (any value), or a near
+    miss of it holding a selection-shaped value (:func:`looks_like_selection_key`,
+    :func:`selection_shaped`); None if none. Other keys (other extensions': ``{"mix": 0.5}``,
+    ``{"maps": {...}}``) pass, as do the near misses in ``allow`` (normalized: lower case, ``_``)."""
+    for key, value in data.items():
+        if key == CONFIG_KEY or not isinstance(key, str):
+            continue
+        k = _normal_key(key)
+        if k in SELECTION_SPELLINGS or (k not in allow and looks_like_selection_key(key) and selection_shaped(value)):
+            return key
+    return None
 
 
 #: what a cache salt for prompt reads holds before its per-request part (uuid4): a request
@@ -174,7 +226,9 @@ def validate_request(vllm_config, params):
     Raises:
         XmixSpecError (a ValueError) naming the field; also for a key of ``extra_args`` that
         spells a selection otherwise (``mi_apps``, ``XMIX``, ``xmix-apps``: any case, ``-`` for
-        ``_``), which nothing would read: the request would run without its apps.
+        ``_``), or a near miss of one (``xmx``, ``apps``) holding a selection
+        (:func:`misspelled_selection_key`), which nothing would read: the request would run
+        without its apps.
     """
     from vllm import SamplingParams
 
@@ -183,13 +237,12 @@ def validate_request(vllm_config, params):
     ea = params.extra_args
     if not ea:
         return None, None
-    for key in ea:
-        if (key != CONFIG_KEY and isinstance(key, str)
-                and key.lower().replace("-", "_") in SELECTION_SPELLINGS):
-            raise XmixSpecError(
-                f"{field_path('extra_args', key)}: unknown key, which nothing reads, so the request would "
-                f"run without these apps; select apps with extra_args[{CONFIG_KEY!r}] or "
-                "vllm_xmix.SamplingParams(mi_apps=[...])")
+    key = misspelled_selection_key(ea)
+    if key is not None:
+        raise XmixSpecError(
+            f"{field_path('extra_args', key)}: unknown key, which nothing reads, so the request would "
+            f"run without these apps; select apps with extra_args[{CONFIG_KEY!r}] or "
+            "vllm_xmix.SamplingParams(mi_apps=[...])")
     if CONFIG_KEY not in ea:
         return None, None
     field = "mi_apps" if getattr(params, "mi_apps", None) is not None else f"extra_args.{CONFIG_KEY}"
