@@ -513,6 +513,24 @@ def cast_state():
     return c, XmixState.build(parse_deployment(dep), 4, 64, torch.device("cpu"), 64, 5, max_model_len=64)
 
 
+def test_replace_without_reserved_versions_says_the_deployment_reserved_none():
+    """A deployed app whose deployment reserved no spare copy cannot take new parameters while
+    serving: the refusal says that (reserve.versions = 0) and how to reserve one, not that copies
+    are in use by requests in flight (none is)."""
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.runtime import XmixState
+    from vllm_xmix.spec import parse_deployment
+
+    a = MIApp("nudge")
+    a.write("add", vector=unit_rms(1), scale=2.0).layers([1])
+    st = XmixState.build(parse_deployment(deploy(a)["xmix"]), 4, 64, torch.device("cpu"), 64, 5, max_model_len=64)
+    app = a.to_spec().model_dump(mode="json")
+    app["ops"][0]["vector"] = [float(x) for x in unit_rms(2)]
+    r = st.updates.apply({"action": "replace", "name": "nudge", "version": 1, "app": app, "live": []})
+    assert not r["ok"] and "app 'nudge' has no spare copy" in r["error"] and "reserve.versions = 0" in r["error"], r
+    assert "in flight" not in r["error"], r
+
+
 def test_replaced_cast_threshold_goes_into_the_spare_copy_with_its_own_condition_read():
     c, st = cast_state()
     lay = st.layout

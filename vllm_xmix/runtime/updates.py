@@ -148,8 +148,13 @@ class AppUpdates:
             for c in copies:
                 if all(lay.owner[e] is None for e in c):
                     return list(c)
-            why = (f"all {len(copies)} copies of app {app.name!r} (reserve.versions = {len(copies) - 1}) are used "
-                   "by its current version or by requests in flight")
+            if len(copies) == 1:  # nothing reserved for versions: the only copy is the current version's
+                why = (f"app {app.name!r} has no spare copy to take the new parameters: its deployment reserved "
+                       "none (reserve.versions = 0; give it reserve: {versions: 1} or more to replace apps "
+                       "while serving)")
+            else:
+                why = (f"all {len(copies)} copies of app {app.name!r} (reserve.versions = {len(copies) - 1}) are "
+                       "used by its current version or by requests in flight")
             try:
                 return self._place_pool(app, added=False)
             except UpdateError as e:

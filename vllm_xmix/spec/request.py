@@ -16,8 +16,8 @@ def _coerce_request_list(raw: Any, field: str) -> list[Any]:
     """The items of a request's app selection (a list, ``{"apps": [...]}``, or JSON of either)."""
     if isinstance(raw, str):
         if not raw.strip():
-            raise XmixSpecError(f"{field}: empty; expected a list of apps, e.g. ['happy'] or "
-                                "'[{\"name\": \"happy\", \"scale\": 4}]'")
+            raise XmixSpecError(f"{field}: empty; expected a list of apps, e.g. ['<app name>'] or "
+                                "'[{\"name\": \"<app name>\", \"scale\": 4}]'")
         if not raw.lstrip().startswith(("[", "{")):
             try:  # JSON text of a name, null, a number: say so, with the list it should be
                 inner = json.loads(raw)
@@ -26,7 +26,7 @@ def _coerce_request_list(raw: Any, field: str) -> list[Any]:
             if isinstance(inner, str):
                 raise XmixSpecError(f"{field}: expected a list of apps (e.g. {json.dumps([inner])}), got "
                                     f"{'the name' if inner == raw else 'the JSON string'} {raw!r}")
-            raise XmixSpecError(f"{field}: expected a list of apps (e.g. [\"happy\"]), got JSON {raw.strip()}")
+            raise XmixSpecError(f"{field}: expected a list of apps (e.g. [\"<app name>\"]), got JSON {raw.strip()}")
         raw = _json(raw, field)
     if isinstance(raw, dict):
         if "apps" not in raw or set(raw) - {"apps"}:
