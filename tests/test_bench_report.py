@@ -360,3 +360,35 @@ def test_a_measurement_on_another_card_is_named_where_it_is_shown(tmp_path, caps
     assert [common.card_name(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "Tesla T4 ", "NVIDIA A100-SXM4-80GB",
                                           "NVIDIA GeForce RTX 4090", "Some GPU")] == [
         "H100", "H200", "T4", "A100", "GeForce RTX 4090", "Some GPU"]
+
+
+def test_decode_compare_carries_the_card_into_latest(tmp_path):
+    """decode --compare writes the decode ratios with the card the plugin's run recorded (a run
+    records nvidia-smi's card), or --card for files that record none; none without either."""
+    from types import SimpleNamespace as NS
+
+    from benchmarks.xmix_bench import decode
+
+    def run_file(name, mode, ms, card=None):
+        d = {"mode": mode, "eager": False, "startup_s": 1.0, "v2_runner": True, "cudagraph_mode": "FULL_AND_PIECEWISE",
+             "compile_mode": "3", "model": MODEL, "commit": "c7", "date": "2026-12-06", "command": "decode ...",
+             "tokens_off": [[1, 2]], "tokens_off_after_on": [[1, 2]], "tokens_on": [[1, 3]],
+             "decode_ms_per_step": {"1": {("plain" if mode == "plain" else "steer_all"): {"median": ms, "runs": [ms]}}}}
+        if card:
+            d["card"] = card
+        p = tmp_path / name
+        p.write_text(json.dumps(d))
+        return str(p)
+
+    def args(latest, card=None):
+        return NS(no_latest=False, latest=str(latest), model_name=None, commit=None, date=None, command=None,
+                  source="", card=card)
+
+    plain = run_file("plain.json", "plain", 5.0)
+    for x_card, opt, want in (("H100", None, "H100"), (None, "H100", "H100"), ("H100", "A100", "A100"), (None, None, None)):
+        latest = tmp_path / f"latest-{x_card}-{opt}.json"
+        x = run_file(f"x-{x_card}.json", "xmix", 5.1, card=x_card)
+        out = decode.compare([plain, x], args(latest, opt))
+        assert "decode lines of Llama-3.1-8B for steer_all" in out, out
+        entry = json.loads(latest.read_text())["models"][MODEL]["decode"]["steer_all"]
+        assert entry.get("card") == want and entry["batch"]["1"]["ratio"] == pytest.approx(1.02), entry

@@ -63,6 +63,8 @@ def add_arguments(p) -> None:
     p.add_argument("--date", help="with --compare: the date measured (default: from the plugin's file)")
     p.add_argument("--command", help="with --compare: the command that measured (default: from the plugin's file)")
     p.add_argument("--source", default="", help="with --compare: where the numbers come from (kept in latest.json)")
+    p.add_argument("--card", help="with --compare: the GPU the runs measured on (e.g. H100), for files that record "
+                                  "none (default: the plugin's file's; a measurement naming none counts as the H200)")
 
 
 def main(args) -> int:
@@ -106,7 +108,8 @@ def run(args) -> None:
                                    dtype=args.dtype, max_model_len=args.max_model_len)
     res = dict(model=common.model_name(args.model), mode=args.mode, eager=args.eager, fused_writes=args.fused_writes,
                apps=[a.name for a in apps], scale=args.scale, startup_s=round(startup, 1), **common.engine_info(llm),
-               commit=common.git_commit(), date=common.today(), command=common.command_line())
+               commit=common.git_commit(), date=common.today(), command=common.command_line(),
+               card=common.gpu_card())
 
     def sp(c, max_tokens: int):
         return common.sampling(_selection(c), temperature=0, max_tokens=max_tokens, ignore_eos=True)
@@ -256,6 +259,9 @@ def _to_latest(plain: dict, x: dict, paths: list[str], args) -> str:
         entry = {"batch": {b: common.ratio_of_medians(dec[b][name]["runs"], pd[b]["plain"]["runs"]) for b in dec},
                  "commit": commit, "date": date, "workload": workload,
                  "command": args.command or x.get("command") or "", "source": args.source or ", ".join(paths)}
+        card = getattr(args, "card", None) or x.get("card")
+        if card:
+            entry["card"] = card
         common.update_latest(args.latest, model, ("decode", key), entry)
         done.append(key)
     return f"latest.json ({args.latest}): decode lines of {model} for {', '.join(done)}"
