@@ -161,6 +161,8 @@ def _app(**kw):
      r"vector\.path: file not found"),
     (lambda: {"xmix": {"apps": [{"name": "x", "ops": [{"kind": "ablate", "vector": [0.0] * D_MODEL}]}]}},
      r"ops\.0\.vector: zero vector has no direction to ablate"),
+    (lambda: {"xmix": {"apps": []}}, r"additional_config\.xmix: no apps deployed and no entries reserved"),
+    (lambda: {"xmix": {"apps": [], "reserve": {"versions": 1}}}, r"no apps deployed and no entries reserved"),
 ])
 def test_bad_deployment_rejected_at_engine_start(tiny_llama, make, match):
     """A bad deployment fails LLM() with a ValueError naming the field (before any worker starts)."""

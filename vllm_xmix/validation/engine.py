@@ -39,6 +39,12 @@ def validate_engine_config(vllm_config) -> None:
     if CONFIG_KEY not in add:
         return
     dep = parse_deployment(add[CONFIG_KEY])
+    r = dep.reserve
+    if not dep.apps and (r is None or not (r.add or r.linear_probe or r.cosine)):
+        # an engine no request could select an app on: an empty deployment is a mistake, as deploy() says
+        raise XmixSpecError("additional_config.xmix: no apps deployed and no entries reserved for apps added "
+                            "while serving (reserve.add / linear_probe / cosine): nothing a request could "
+                            "select; deploy apps (vllm_xmix.deploy(...)) or reserve entries")
     mc = vllm_config.model_config
     archs = list(getattr(mc, "architectures", None) or getattr(mc.hf_config, "architectures", []) or [])
     validate_for_model(dep, archs, mc.hf_config)
