@@ -63,7 +63,7 @@ def selection_shaped(value) -> bool:
     JSON text of one of these."""
     if isinstance(value, str):
         text = value.strip()
-        if not text[:1] in ("[", "{"):
+        if text[:1] not in ("[", "{"):
             return False
         try:
             value = json.loads(text)
