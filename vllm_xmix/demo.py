@@ -172,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         sim = float(o.mi_results["code_to_prose"]["similarity"][: len(o.prompt_token_ids)].mean())
         style = "code" if i < 3 else "prose"
         decided_ok &= (sim > thr) == (style == "code")
-        print(f"   {style:5s} prompt {_short(p, 40):<40} cos {sim:+.3f} -> {'steered' if sim > thr else 'left alone'}")
+        said = _short(o.outputs[0].text.strip(), 36)  # (steered ones away from code, towards prose)
+        print(f"   {style:5s} prompt {_short(p, 34):<34} cos {sim:+.3f} -> {'steered' if sim > thr else 'left alone':<10} "
+              f"| {said}")
 
     # ---- 3d. apps off == plain vLLM
     off = llm.generate(PROSE + CODE, SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True,
