@@ -37,7 +37,7 @@ def eager_llm(tiny_llama):
     (["happy", "happy"], r"mi_apps\[1\]\.name: app 'happy' listed twice"),
     ("happy", r"mi_apps: expected a list of apps \(e\.g\. \[\"happy\"\]\), got the name 'happy'"),
     ('"happy"', r"mi_apps: expected a list of apps \(e\.g\. \[\"happy\"\]\), got the JSON string '\"happy\"'"),
-    ("null", r"mi_apps: expected a list of apps \(e\.g\. \[\"happy\"\]\), got JSON null"),
+    ("null", r"mi_apps: expected a list of apps \(e\.g\. \[\"<app name>\"\]\), got JSON null"),
     ([{"name": "happy", "layers": []}], r"mi_apps\[0\]\.layers: empty list"),
     ([{"name": "happy", "layers": ["1"]}], r"mi_apps\[0\]\.layers: layer indices must be integers, got str"),
     ([{"name": "happy", "layers": [True]}], r"mi_apps\[0\]\.layers: layer indices must be integers, got bool"),
