@@ -62,6 +62,14 @@ def test_apps_validate_checks_against_the_model_config(tiny_llama, tmp_path, cap
     assert "nope" in capsys.readouterr().err
     assert cli.main(["apps", "validate", str(bad / "missing.yaml"), "--model", tiny_llama]) == 2
     assert "cannot read the deployment file" in capsys.readouterr().err
+    # a deployment no request could select anything on is refused here as at engine start;
+    # reserved entries alone make one (apps added while serving)
+    (bad / "empty.yaml").write_text("apps: []\n")
+    assert cli.main(["apps", "validate", str(bad / "empty.yaml"), "--model", tiny_llama]) == 2
+    assert "no apps deployed and no entries reserved" in capsys.readouterr().err
+    (bad / "reserve.yaml").write_text("apps: []\nreserve:\n  add: {hook_resid_post: [1]}\n")
+    assert cli.main(["apps", "validate", str(bad / "reserve.yaml"), "--model", tiny_llama]) == 0
+    capsys.readouterr()
     assert cli.main(["apps", "validate", path, "--model", str(tmp_path / "no-model")]) == 2
     assert "no such model folder" in capsys.readouterr().err
 

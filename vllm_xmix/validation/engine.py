@@ -12,7 +12,7 @@ import os
 
 from ..hf_config import n_experts, text_config
 from ..runtime import RUNTIME_ID, check_buffer_bytes, engine_limits, graph_variant_settings, piecewise_variant_setting
-from ..spec import CONFIG_KEY, XmixSpecError, parse_deployment, validate_deployment
+from ..spec import CONFIG_KEY, RESERVE_KINDS, XmixSpecError, parse_deployment, validate_deployment
 from .requests import check_write_magnitude, field_path, misspelled_selection_key
 
 logger = logging.getLogger("vllm.xmix")
@@ -39,12 +39,6 @@ def validate_engine_config(vllm_config) -> None:
     if CONFIG_KEY not in add:
         return
     dep = parse_deployment(add[CONFIG_KEY])
-    r = dep.reserve
-    if not dep.apps and (r is None or not (r.add or r.linear_probe or r.cosine)):
-        # an engine no request could select an app on: an empty deployment is a mistake, as deploy() says
-        raise XmixSpecError("additional_config.xmix: no apps deployed and no entries reserved for apps added "
-                            "while serving (reserve.add / linear_probe / cosine): nothing a request could "
-                            "select; deploy apps (vllm_xmix.deploy(...)) or reserve entries")
     mc = vllm_config.model_config
     archs = list(getattr(mc, "architectures", None) or getattr(mc.hf_config, "architectures", []) or [])
     validate_for_model(dep, archs, mc.hf_config)
@@ -127,9 +121,16 @@ def validate_for_model(dep, archs: list[str], hf_config) -> None:
     widths and token ids fit ``hf_config`` (``spec.validate_deployment``).
 
     Raises:
-        XmixSpecError: naming the field (``additional_config.xmix...``)."""
+        XmixSpecError: naming the field (``additional_config.xmix...``); also a deployment with no
+        apps and no entries reserved for apps added while serving, on which no request could
+        select anything (as ``deploy()`` with no apps is refused)."""
     from ..adapters import SUPPORTED_ARCHITECTURES
 
+    r = dep.reserve
+    if not dep.apps and not (r is not None and any(getattr(r, k) for k in RESERVE_KINDS)):
+        raise XmixSpecError("additional_config.xmix: no apps deployed and no entries reserved for apps added "
+                            f"while serving (reserve: {' / '.join(RESERVE_KINDS)}): nothing a request could "
+                            "select; deploy apps (vllm_xmix.deploy(...)) or reserve entries")
     if dep.apps and not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise XmixSpecError(
             f"additional_config.xmix: architecture {archs} is not supported by vllm-xmix "

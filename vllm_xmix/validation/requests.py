@@ -7,6 +7,7 @@ KV must not be shared with unsteered requests).
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import re
@@ -45,6 +46,7 @@ def _normal_key(key: str) -> str:
     return key.strip().lower().replace("-", "_")
 
 
+@functools.lru_cache(maxsize=1024)  # per request and key: the same few keys come again and again
 def looks_like_selection_key(key: str) -> bool:
     """Whether ``key`` looks like a misspelled selection key: one of :data:`SELECTION_SPELLINGS`,
     ``apps``, or close to ``mi_apps`` / ``xmix`` in any case, with ``-`` / ``_`` anywhere and
