@@ -9,7 +9,11 @@
 # a model's servers start only for its steps. On a card of more than 100 GB Llama gets the A/A
 # control server (three servers at 0.3); on an 80 GB card three servers at 0.3 ran out of memory
 # at saturation (the control's engine, 2026-12-06), so there it is two servers at 0.42, no control.
-# Markers: LUP LR16 LSAT QUP QR16 QSAT ALLDONE (a step left out still prints its marker).
+# LAPI / QAPI (not in the default): after the model's saturation rounds, one unmeasured saturation
+# run each of plain vLLM, apps off, the probe and all apps with py-spy sampling each server's API
+# server (`serve rounds --api-sample`: GIL-held microseconds per output token, the functions that
+# grew; ~2 min). py-spy: on PATH, or XMIX_PY_SPY, or carried as .gpu/bin/py-spy.
+# Markers: LUP LR16 LSAT LAPI QUP QR16 QSAT QAPI ALLDONE (a step left out still prints its marker).
 # See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
@@ -18,7 +22,7 @@ B="python3 -m benchmarks.xmix_bench"
 STEPS=" ${STEPS:-LR16 LSAT QR16 QSAT} "
 has() { case "$STEPS" in *" $1 "*) return 0;; esac; return 1; }
 for step in $STEPS; do  # a misspelt step would run nothing and still print every marker
-  case "$step" in LR16|LSAT|QR16|QSAT) ;; *) echo "STEPS: unknown step '$step' (LR16 LSAT QR16 QSAT, space-separated)"; echo ALLDONE; exit 2;; esac
+  case "$step" in LR16|LSAT|LAPI|QR16|QSAT|QAPI) ;; *) echo "STEPS: unknown step '$step' (LR16 LSAT LAPI QR16 QSAT QAPI, space-separated)"; echo ALLDONE; exit 2;; esac
 done
 echo "steps:$STEPS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
@@ -29,6 +33,7 @@ SAT="--rates inf --num-prompts 1000 --repeats 2"
 # a line expected at 0
 APPS="steer_all,ablate_all,probe_one,seal,cast"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+[ -f .gpu/bin/py-spy ] && chmod +x .gpu/bin/py-spy && export XMIX_PY_SPY=${XMIX_PY_SPY:-$PWD/.gpu/bin/py-spy}
 if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0.3; else LMEM=0.42; AA=""; QMEM=0.42; fi
 
 # one model's servers and steps: model TAG (L/Q: markers TAGUP TAGR16 TAGSAT, logs tag*.log),
@@ -36,7 +41,7 @@ if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0
 # before the apps
 model() {
   local T=$1 M=$2 S=/root/xmix-serve/$3 MEM=$4 PRE=$5 t; t=$(echo "$1" | tr LQ lq); mkdir -p $S
-  if has ${T}R16 || has ${T}SAT; then
+  if has ${T}R16 || has ${T}SAT || has ${T}API; then
     $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM > $R/${t}start.log 2>&1; echo "rc=$?"
   fi
   echo ${T}UP
@@ -50,6 +55,13 @@ model() {
       --configs $PRE$APPS,all_apps,steer_all_K256,inactive > $R/${t}sat.log 2>&1; echo "rc=$?"
   fi
   echo ${T}SAT
+  if has ${T}API; then
+    $B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 --repeats 0 \
+      --api-sample inactive,probe_one,all_apps > $R/${t}api_sample.log 2>&1; echo "rc=$?"
+    cp $S/api_sample.json $R/${t}api_sample.json 2>/dev/null
+    for f in $S/api_sample_*.txt; do [ -f "$f" ] && gzip -c "$f" > $R/$t$(basename "$f").gz; done
+  fi
+  echo ${T}API
   $B serve stop --out $S > $R/${t}stop.log 2>&1
 }
 model L benchmarks/models/llama31_8b llama "$LMEM" "$AA"
