@@ -86,13 +86,35 @@ def test_block_has_a_row_per_configuration_and_marks_what_was_not_measured(tmp_p
     assert "-0.10%" in inactive and "+0.10 / +0.10 / +0.10%" in inactive and "| unresolved: mean ITL, P99 ITL, mean TTFT |" in inactive  # one round: never met
     assert "met; not measured: throughput, decode step" in _row(text, "probe_one")
     assert "missed: throughput" in _row(text, "steer_all_K256")
-    assert "met: 100 s vs 80 s (1.25x)" in _row(text, "server start-up")
+    # an entry that does not say which compile caches the servers started with: not judged
+    assert "unresolved: 100 s vs 80 s (1.25x; compile caches not recorded)" in _row(text, "server start-up")
     # never measured: every cell of the row, and the graph-memory line
     ablate = _row(text, "ablate_all")
     assert ablate.count("not measured") == 6, ablate
     assert "| not measured | – |" in _row(text, "all_apps")
     assert "| not measured | – |" in _row(text, "CUDA-graph capture")
     assert "Qwen3-8B, Mixtral-8x7B: not measured." in text
+
+
+@pytest.mark.parametrize("caches, status", [
+    ({"plain": "cold", "xmix": "cold"}, "met: 100 s vs 80 s (1.25x, compile caches both cold)"),
+    ({"plain": "warm", "xmix": "warm"}, "met: 100 s vs 80 s (1.25x, compile caches both warm)"),
+    # the plain server compiled on a cold cache, the plugin's found what it had compiled
+    ({"plain": "cold", "xmix": "shared"}, "unresolved: 100 s vs 80 s (1.25x; compile caches: plain cold, plugin shared)"),
+    ({"plain": "cold", "xmix": "warm"}, "unresolved: 100 s vs 80 s (1.25x; compile caches: plain cold, plugin warm)"),
+])
+def test_start_up_is_judged_only_between_alike_compile_caches(tmp_path, caches, status):
+    latest = json.loads(json.dumps(LATEST))
+    latest["models"][MODEL]["startup"]["caches"] = caches
+    lp, md = _files(tmp_path, latest)
+    assert _run(lp, md) == 0
+    assert f"| {status} |" in _row(open(md).read(), "server start-up")
+    # over the bound with alike caches: missed
+    latest["models"][MODEL]["startup"].update(caches=caches, xmix_s=130.0, ratio=1.625)
+    lp, md = _files(tmp_path, latest)
+    assert _run(lp, md) == 0
+    row = _row(open(md).read(), "server start-up")
+    assert ("missed: 130 s vs 80 s (1.62x" if caches["plain"] == caches["xmix"] else "unresolved: 130 s") in row, row
 
 
 def test_report_is_idempotent_and_check_sees_a_stale_block(tmp_path):

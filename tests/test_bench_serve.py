@@ -42,6 +42,25 @@ def _free_ports(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free ports")
 
 
+def test_each_server_compiles_into_caches_of_its_own(tmp_path):
+    """A server's compile caches live under <out>/caches/<server>; they are cold until a start
+    has put something in one of them, and no two servers share one."""
+    from benchmarks.xmix_bench import serve
+
+    out = str(tmp_path)
+    env, state = serve.server_caches(out, "vanilla", {"PATH": "/bin"})
+    assert state == "cold" and env["PATH"] == "/bin"
+    assert set(serve.CACHE_VARS) <= set(env)
+    other, _ = serve.server_caches(out, "xmix", {})
+    for var in serve.CACHE_VARS:
+        assert env[var].startswith(os.path.join(out, "caches", "vanilla")) and env[var] != other[var]
+    os.makedirs(env["VLLM_CACHE_ROOT"])  # an empty folder is no cache
+    assert serve.server_caches(out, "vanilla", {})[1] == "cold"
+    os.makedirs(os.path.join(env["TORCHINDUCTOR_CACHE_DIR"], "fxgraph"))
+    assert serve.server_caches(out, "vanilla", {})[1] == "warm"
+    assert serve.server_caches(out, "xmix", {})[1] == "cold"  # the other server's is its own
+
+
 @pytest.mark.slow
 @pytest.mark.one_version
 def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
@@ -74,6 +93,8 @@ def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
         st = json.load(open(os.path.join(out, "servers.json")))
         assert set(st["servers"]) == {"vanilla", "xmix", "control"}, st["servers"]
         assert all(s["startup_s"] > 0 for s in st["servers"].values()), st["servers"]
+        # each server compiled into caches of its own, first start in this folder: cold
+        assert all(s["compile_cache"] == "cold" for s in st["servers"].values()), st["servers"]
         assert st["record_steps"] and st["profile_api"] and st["control"] == "plain"
 
         # the plan's rate step: a request rate, the A/A control and three configurations
@@ -91,6 +112,7 @@ def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
         assert set(lines["serve"]) == {"inactive", "steer_all", "probe_one"}, lines["serve"].keys()
         assert set(lines["calibration"]) == {"aa_plain"}  # the A/A line: no budget line of its own
         assert lines["startup"]["plain_s"] > 0 and lines["startup"]["xmix_s"] > 0, lines["startup"]
+        assert lines["startup"]["caches"] == {"plain": "cold", "xmix": "cold"}, lines["startup"]
         for name, line in {**lines["serve"], **lines["calibration"]}.items():
             for metric in ("mean_itl", "p99_itl", "mean_ttft", "throughput"):
                 assert line["rate=16"][metric]["ratio"] > 0 and line["rate=16"][metric]["n"] == 1, (name, line)

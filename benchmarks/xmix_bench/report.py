@@ -239,6 +239,23 @@ def _status(verdicts: list, missing: list) -> str:
     return s
 
 
+def _judge_startup(e: dict) -> tuple[bool | None, str]:
+    """The start-up line of one ``startup`` entry: met / missed only where both servers started
+    with alike compile caches (``caches``: ``{"plain": s, "xmix": s}``, each ``cold``, ``warm`` or
+    ``shared``: both cold or both warm); otherwise unresolved (with one shared cache the server
+    started second finds what the first compiled; an entry without ``caches`` predates the
+    record)."""
+    ratio = e["xmix_s"] / e["plain_s"]
+    text = f"{e['xmix_s']:g} s vs {e['plain_s']:g} s ({ratio:.2f}x"
+    caches = e.get("caches") or {}
+    plain, xmix = caches.get("plain"), caches.get("xmix")
+    if plain == xmix and plain in ("cold", "warm"):
+        return ratio <= STARTUP_MAX, f"{text}, compile caches both {plain})"
+    if not caches:
+        return None, f"{text}; compile caches not recorded)"
+    return None, f"{text}; compile caches: plain {plain or 'not recorded'}, plugin {xmix or 'not recorded'})"
+
+
 def _when(e: dict) -> str:
     """A measurement's commit and date, and its card where it is not :data:`common.DEFAULT_CARD`."""
     card = e.get("card", common.DEFAULT_CARD)
@@ -273,17 +290,18 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
                     + f" | {note} | {_measured(entries.values())} |")
     dash = " | ".join("–" for _ in COLUMNS)
     def server_line(label: str, what: str, config: str, entry: dict | None, judge) -> None:
-        """One row of a server-level line; ``judge(entry)`` -> (met, what was measured)."""
+        """One row of a server-level line; ``judge(entry)`` -> (met: True / False / None for
+        unresolved, what was measured)."""
         if not entry:
             rows.append(f"| {label} | {config} | {dash} | {NM} | – |")
             return
         met, text = judge(entry)
-        rows.append(f"| {label} | {config} | {dash} | {'met' if met else 'missed'}: {text} | {_when(entry)} |")
+        verdict = "unresolved" if met is None else "met" if met else "missed"
+        rows.append(f"| {label} | {config} | {dash} | {verdict}: {text} | {_when(entry)} |")
         used.setdefault(_source_key(entry), {}).setdefault(what, []).append("server")
 
     server_line(f"Start-up <= {STARTUP_MAX:g}x plain", "start-up", "server start-up", model.get("startup"),
-                lambda e: (e["xmix_s"] / e["plain_s"] <= STARTUP_MAX,
-                           f"{e['xmix_s']:g} s vs {e['plain_s']:g} s ({e['xmix_s'] / e['plain_s']:.2f}x)"))
+                _judge_startup)
     server_line(f"Graph memory <= plain + {GRAPH_EXTRA_GIB:g} GiB", "graph memory", "CUDA-graph capture",
                 model.get("graph_memory"),
                 lambda e: (e["xmix_gib"] - e["plain_gib"] <= GRAPH_EXTRA_GIB,

@@ -14,7 +14,14 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
 * ``start``: builds the serving folder under ``--out``, starts the two servers one after the
   other with ``setsid`` (so that they outlive this command), waits until
   both answer, and records in ``<out>/servers.json`` and latest.json their start-up time (launch
-  to the first answer of ``/health``) and CUDA-graph capture (seconds, GiB, from the logs).
+  to the first answer of ``/health``) and CUDA-graph capture (seconds, GiB, from the logs). Each
+  server compiles into caches of its own (vLLM's, Inductor's and Triton's, under
+  ``<out>/caches/<server>``, :func:`server_caches`): with one shared cache the server started
+  second finds kernels and graphs the first one compiled, and its start-up reads short. A
+  server's caches are ``cold`` at its first start in ``--out`` and ``warm`` at a later one
+  (``serve stop``, then ``start`` again: both servers warm); servers.json and latest.json record
+  which, and the report judges the start-up line only where both servers' caches were alike.
+  ``--shared-caches`` keeps the environment's caches (recorded as ``shared``).
 * ``rounds``: against the running servers: for each ``--rates`` rate, ``--warmup`` discarded
   rounds, then ``--repeats`` rounds; in each round every configuration once (vanilla, inactive,
   app1, app2, ..., and with ``--order abba``, the default, the even-numbered rounds of the
@@ -132,6 +139,9 @@ def _server_options(q) -> None:
     q.add_argument("--fused-writes", choices=["auto", "none", "adds", "all", "norm"], default="auto",
                    help="the deployment's fused_writes (what compiled graphs apply as torch ops)")
     q.add_argument("--server-args", default="", help="extra arguments for both servers (e.g. --enforce-eager)")
+    q.add_argument("--shared-caches", action="store_true",
+                   help="the servers compile into the environment's caches, not each into its own under "
+                        "<out>/caches (the start-up of the server started second then reads short)")
     q.add_argument("--second", choices=["xmix", "plain", "empty"], default="xmix",
                    help="the second server: xmix (the benchmark deployment); for an A/A calibration of the "
                         "A/B itself, plain (vLLM without the plugin again: configuration aa_plain) or empty "
@@ -514,6 +524,20 @@ def graph_capture(log: str) -> dict:
     return out
 
 
+#: compile caches a server keeps under ``<out>/caches/<server>`` (variable -> sub-folder)
+CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+
+
+def server_caches(out: str, name: str, env: dict) -> tuple[dict, str]:
+    """``env`` with the server's own compile caches (:data:`CACHE_VARS` under
+    ``<out>/caches/<name>``) and their state: ``"cold"`` (nothing there yet: the server compiles
+    everything) or ``"warm"`` (an earlier start in ``out`` filled them)."""
+    root = os.path.join(out, "caches", name)
+    warm = os.path.isdir(root) and any(
+        os.path.isdir(d) and any(os.scandir(d)) for d in (os.path.join(root, sub) for sub in CACHE_VARS.values()))
+    return dict(env, **{k: os.path.join(root, sub) for k, sub in CACHE_VARS.items()}), "warm" if warm else "cold"
+
+
 def start(args, profiler: bool | None = None) -> dict:
     """Start both servers, one after the other (each start-up measures its own memory)."""
     from vllm_xmix import deploy
@@ -578,11 +602,15 @@ def start(args, profiler: bool | None = None) -> dict:
     launched = []
     try:
         for name, port, sargs, env in plans:
+            if getattr(args, "shared_caches", False):
+                cache = "shared"
+            else:
+                env, cache = server_caches(out, name, env)
             s = Server.launch(name, serving, port, os.path.join(out, f"{name}.log"), sargs, env,
                               steps_dir=os.path.join(out, f"steps_{name}") if record_steps else None,
                               api_profile=os.path.join(out, f"api_profile_{name}", "prof") if profile_api else None)
             launched.append(s)
-            st["servers"][name] = s.record()
+            st["servers"][name] = dict(s.record(), compile_cache=cache)
             common.write_json(os.path.join(out, STATE), st)  # a cut start-up still knows what to stop
             st["servers"][name].update(startup_s=round(s.wait(args.start_timeout), 1), **graph_capture(s.log))
             common.write_json(os.path.join(out, STATE), st)
@@ -1044,9 +1072,10 @@ def _latest_startup(path, st: dict) -> None:
                         f"{' '.join(st['server_args'])}"}
     if st.get("card"):
         base["card"] = st["card"]
+    caches = {"plain": v.get("compile_cache", "shared"), "xmix": x.get("compile_cache", "shared")}
     common.update_latest(path, st["model_name"], ("startup",),
                          {"plain_s": v["startup_s"], "xmix_s": x["startup_s"],
-                          "ratio": round(x["startup_s"] / v["startup_s"], 4), **base})
+                          "ratio": round(x["startup_s"] / v["startup_s"], 4), "caches": caches, **base})
     if "graph_gib" in v and "graph_gib" in x:
         common.update_latest(path, st["model_name"], ("graph_memory",),
                              {"plain_gib": v["graph_gib"], "xmix_gib": x["graph_gib"], "plain_s": v["graph_s"],
