@@ -30,11 +30,20 @@ def test_every_example_is_listed():
     assert sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_")) == sorted(EXPECT)
 
 
+def _failure(r: subprocess.CompletedProcess) -> str:
+    """A failed run's output for the assertion message: the stdout's end, the stderr's first
+    traceback (a worker's root cause: vLLM's engine core re-raises it far above the end), and
+    the stderr's end."""
+    first = r.stderr.find("Traceback")
+    head = r.stderr[first: first + 6000] + "\n...\n" if first >= 0 else ""
+    return r.stdout[-3000:] + head + r.stderr[-5000:]
+
+
 @pytest.mark.parametrize("name", sorted(EXPECT))
 def test_example_runs(name, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     args = [str(tmp_path)] if name == "workflow.py" else []
     r = subprocess.run([sys.executable, str(EXAMPLES / name), *args], env=env, capture_output=True, text=True,
                        timeout=900, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    assert r.returncode == 0, _failure(r)
     assert re.search(EXPECT[name], r.stdout), r.stdout[-3000:]
