@@ -6,16 +6,19 @@
 # For the lines where an app's served ITL exceeds steer_all's (ablate_all, CAST, SEAL, the probe)
 # without a measured cause. First (~1 min) the hosted norm's kernel alone, apps off / add /
 # ablation against vLLM's and Inductor's norm (`kernels --kernel norm`: what a launch costs at
-# decode batch sizes). Markers: KERN, TRACE. See README.md.
+# decode batch sizes; KERN=0 skips it). MODEL (default benchmarks/models/llama31_8b): the model
+# config whose engine is traced, e.g. benchmarks/models/qwen3_8b. Markers: KERN, TRACE. See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
 R=/root/res; mkdir -p $R /root/trace
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
-python3 -m benchmarks.xmix_bench kernels --kernel norm --tokens 1,8,16,32,64,256,512 \
-  --out $R/kernels_norm.json > $R/kernels_norm.log 2>&1; echo "rc=$?"
-tail -20 $R/kernels_norm.log
+if [ "${KERN:-1}" != 0 ]; then
+  python3 -m benchmarks.xmix_bench kernels --kernel norm --tokens 1,8,16,32,64,256,512 \
+    --out $R/kernels_norm.json > $R/kernels_norm.log 2>&1; echo "rc=$?"
+  tail -20 $R/kernels_norm.log
+fi
 echo KERN
-VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -m benchmarks.xmix_bench steps benchmarks/models/llama31_8b \
+VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -m benchmarks.xmix_bench steps ${MODEL:-benchmarks/models/llama31_8b} \
   --_engine xmix:auto --configs inactive,steer_all,ablate_all,cast,seal,probe_one --rate 16 --num-prompts 150 \
   --rounds 2 --trace 10,60 --trace-configs inactive,steer_all,ablate_all,cast \
   --out /root/trace/steps_apps.json > $R/steps_apps.log 2>&1; echo "rc=$?"
