@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -56,6 +57,12 @@ def test_each_server_compiles_into_caches_of_its_own(tmp_path):
         assert env[var].startswith(os.path.join(out, "caches", "vanilla")) and env[var] != other[var]
     os.makedirs(env["VLLM_CACHE_ROOT"])  # an empty folder is no cache
     assert serve.server_caches(out, "vanilla", {})[1] == "cold"
+    os.makedirs(os.path.join(env["VLLM_CACHE_ROOT"], "modelinfos"))  # (vLLM's model registry: not compiled code)
+    open(os.path.join(env["VLLM_CACHE_ROOT"], "modelinfos", "x.json"), "w").close()
+    assert serve.server_caches(out, "vanilla", {})[1] == "cold"
+    os.makedirs(os.path.join(env["VLLM_CACHE_ROOT"], "torch_compile_cache", "abc"))
+    assert serve.server_caches(out, "vanilla", {})[1] == "warm"
+    shutil.rmtree(os.path.join(env["VLLM_CACHE_ROOT"], "torch_compile_cache"))
     os.makedirs(os.path.join(env["TORCHINDUCTOR_CACHE_DIR"], "fxgraph"))
     assert serve.server_caches(out, "vanilla", {})[1] == "warm"
     assert serve.server_caches(out, "xmix", {})[1] == "cold"  # the other server's is its own

@@ -13,7 +13,12 @@
 # run each of plain vLLM, apps off, the probe and all apps with py-spy sampling each server's API
 # server (`serve rounds --api-sample`: GIL-held microseconds per output token, the functions that
 # grew; ~2 min). py-spy: on PATH, or XMIX_PY_SPY, or carried as .gpu/bin/py-spy.
-# Markers: LUP LR16 LSAT LAPI QUP QR16 QSAT QAPI ALLDONE (a step left out still prints its marker).
+# LWARM / QWARM (not in the default): last, the servers stopped and started again in the same
+# folder, both on the compile caches their first start filled (`serve start` gives each server
+# its own): start-up and graph memory with warm caches, as a restarted deployment sees them
+# (the first start's, both cold, are in servers.json before it; ~3.5 min for Llama).
+# Markers: LUP LR16 LSAT LAPI LWARM QUP QR16 QSAT QAPI QWARM ALLDONE (a step left out still prints
+# its marker).
 # See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
@@ -22,7 +27,7 @@ B="python3 -m benchmarks.xmix_bench"
 STEPS=" ${STEPS:-LR16 LSAT QR16 QSAT} "
 has() { case "$STEPS" in *" $1 "*) return 0;; esac; return 1; }
 for step in $STEPS; do  # a misspelt step would run nothing and still print every marker
-  case "$step" in LR16|LSAT|LAPI|QR16|QSAT|QAPI) ;; *) echo "STEPS: unknown step '$step' (LR16 LSAT LAPI QR16 QSAT QAPI, space-separated)"; echo ALLDONE; exit 2;; esac
+  case "$step" in LR16|LSAT|LAPI|LWARM|QR16|QSAT|QAPI|QWARM) ;; *) echo "STEPS: unknown step '$step' (LR16 LSAT LAPI LWARM QR16 QSAT QAPI QWARM, space-separated)"; echo ALLDONE; exit 2;; esac
 done
 echo "steps:$STEPS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
@@ -41,7 +46,7 @@ if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0
 # before the apps
 model() {
   local T=$1 M=$2 S=/root/xmix-serve/$3 MEM=$4 PRE=$5 t; t=$(echo "$1" | tr LQ lq); mkdir -p $S
-  if has ${T}R16 || has ${T}SAT || has ${T}API; then
+  if has ${T}R16 || has ${T}SAT || has ${T}API || has ${T}WARM; then
     $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM > $R/${t}start.log 2>&1; echo "rc=$?"
   fi
   echo ${T}UP
@@ -63,6 +68,13 @@ model() {
   fi
   echo ${T}API
   $B serve stop --out $S > $R/${t}stop.log 2>&1
+  if has ${T}WARM; then
+    cp $S/servers.json $R/${t}servers_cold.json 2>/dev/null
+    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM > $R/${t}start_warm.log 2>&1; echo "rc=$?"
+    cp $S/servers.json $R/${t}servers_warm.json 2>/dev/null
+    $B serve stop --out $S >> $R/${t}stop.log 2>&1
+  fi
+  echo ${T}WARM
 }
 model L benchmarks/models/llama31_8b llama "$LMEM" "$AA"
 model Q benchmarks/models/qwen3_8b qwen "$QMEM" ""

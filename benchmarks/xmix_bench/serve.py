@@ -531,10 +531,13 @@ CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TORCHINDUCTOR_CACHE_DIR": "inductor", 
 def server_caches(out: str, name: str, env: dict) -> tuple[dict, str]:
     """``env`` with the server's own compile caches (:data:`CACHE_VARS` under
     ``<out>/caches/<name>``) and their state: ``"cold"`` (nothing there yet: the server compiles
-    everything) or ``"warm"`` (an earlier start in ``out`` filled them)."""
+    everything) or ``"warm"`` (an earlier start in ``out`` left compiled code in them: vLLM's
+    ``torch_compile_cache``, Inductor's or Triton's cache; vLLM's model-registry entries alone
+    do not count)."""
     root = os.path.join(out, "caches", name)
-    warm = os.path.isdir(root) and any(
-        os.path.isdir(d) and any(os.scandir(d)) for d in (os.path.join(root, sub) for sub in CACHE_VARS.values()))
+    compiled = [os.path.join(root, CACHE_VARS["VLLM_CACHE_ROOT"], "torch_compile_cache"),
+                os.path.join(root, CACHE_VARS["TORCHINDUCTOR_CACHE_DIR"]), os.path.join(root, CACHE_VARS["TRITON_CACHE_DIR"])]
+    warm = any(os.path.isdir(d) and any(os.scandir(d)) for d in compiled)
     return dict(env, **{k: os.path.join(root, sub) for k, sub in CACHE_VARS.items()}), "warm" if warm else "cold"
 
 
