@@ -43,6 +43,18 @@ def _free_ports(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free ports")
 
 
+def test_chained_plans_end_with_one_alldone(tmp_path):
+    """benchmarks/plans/chain.sh runs plan command lines in order and drops their own ALLDONE
+    lines (poll.sh stops at the first one), printing one at the very end, with each exit code."""
+    r = subprocess.run(["bash", os.path.join(REPO, "benchmarks", "plans", "chain.sh"),
+                        "echo A; echo ALLDONE", "echo B; exit 3", "X=1 bash -c 'echo C$X'"],
+                       env=dict(os.environ, XMIX_REPO=REPO), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [x for x in lines if not x.startswith("chain: ")] == ["A", "B", "C1", "ALLDONE"], lines
+    assert [x for x in lines if x.startswith("chain: rc=")] == ["chain: rc=0", "chain: rc=3", "chain: rc=0"]
+
+
 def test_each_server_compiles_into_caches_of_its_own(tmp_path):
     """A server's compile caches live under <out>/caches/<server>; they are cold until a start
     has put something in one of them, and no two servers share one."""
