@@ -9,7 +9,6 @@ the apps the earlier ones changed)."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 import pickle
 import threading

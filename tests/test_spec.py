@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import D_MODEL, unit_rms
 
-from vllm_xmix import AppSpec, MIApp, XmixSpecError, deploy
+from vllm_xmix import MIApp, XmixSpecError, deploy
 from vllm_xmix.spec import VectorFile, load_vector, parse_deployment, parse_request_apps
 
 
