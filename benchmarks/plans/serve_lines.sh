@@ -12,7 +12,10 @@
 # LAPI / QAPI (not in the default): after the model's saturation rounds, one unmeasured saturation
 # run each of plain vLLM, apps off, the probe and all apps with py-spy sampling each server's API
 # server (`serve rounds --api-sample`: GIL-held microseconds per output token, the functions that
-# grew; ~2 min). py-spy: on PATH, or XMIX_PY_SPY, or carried as .gpu/bin/py-spy.
+# grew; ~2 min). API_CONFIGS (default inactive,probe_one,all_apps): the configurations sampled
+# beside plain vLLM. py-spy: on PATH, or XMIX_PY_SPY, or carried as .gpu/bin/py-spy.
+# LUP / QUP (not in the default): the model's servers started (each on compile caches of its own,
+# cold on a fresh machine: start-up and graph memory into latest.json) even with no other step.
 # LWARM / QWARM (not in the default): last, the servers stopped and started again in the same
 # folder, both on the compile caches their first start filled (`serve start` gives each server
 # its own): start-up and graph memory with warm caches, as a restarted deployment sees them
@@ -27,7 +30,7 @@ B="python3 -m benchmarks.xmix_bench"
 STEPS=" ${STEPS:-LR16 LSAT QR16 QSAT} "
 has() { case "$STEPS" in *" $1 "*) return 0;; esac; return 1; }
 for step in $STEPS; do  # a misspelt step would run nothing and still print every marker
-  case "$step" in LR16|LSAT|LAPI|LWARM|QR16|QSAT|QAPI|QWARM) ;; *) echo "STEPS: unknown step '$step' (LR16 LSAT LAPI LWARM QR16 QSAT QAPI QWARM, space-separated)"; echo ALLDONE; exit 2;; esac
+  case "$step" in LUP|LR16|LSAT|LAPI|LWARM|QUP|QR16|QSAT|QAPI|QWARM) ;; *) echo "STEPS: unknown step '$step' (LUP LR16 LSAT LAPI LWARM QUP QR16 QSAT QAPI QWARM, space-separated)"; echo ALLDONE; exit 2;; esac
 done
 echo "steps:$STEPS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
@@ -46,7 +49,7 @@ if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0
 # before the apps
 model() {
   local T=$1 M=$2 S=/root/xmix-serve/$3 MEM=$4 PRE=$5 t; t=$(echo "$1" | tr LQ lq); mkdir -p $S
-  if has ${T}R16 || has ${T}SAT || has ${T}API || has ${T}WARM; then
+  if has ${T}UP || has ${T}R16 || has ${T}SAT || has ${T}API || has ${T}WARM; then
     $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM > $R/${t}start.log 2>&1; echo "rc=$?"
   fi
   echo ${T}UP
@@ -62,7 +65,7 @@ model() {
   echo ${T}SAT
   if has ${T}API; then
     $B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 --repeats 0 \
-      --api-sample inactive,probe_one,all_apps > $R/${t}api_sample.log 2>&1; echo "rc=$?"
+      --api-sample ${API_CONFIGS:-inactive,probe_one,all_apps} > $R/${t}api_sample.log 2>&1; echo "rc=$?"
     cp $S/api_sample.json $R/${t}api_sample.json 2>/dev/null
     for f in $S/api_sample_*.txt; do [ -f "$f" ] && gzip -c "$f" > $R/$t$(basename "$f").gz; done
   fi

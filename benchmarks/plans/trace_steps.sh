@@ -7,7 +7,9 @@
 # without a measured cause. First (~1 min) the hosted norm's kernel alone, apps off / add /
 # ablation against vLLM's and Inductor's norm (`kernels --kernel norm`: what a launch costs at
 # decode batch sizes; KERN=0 skips it). MODEL (default benchmarks/models/llama31_8b): the model
-# config whose engine is traced, e.g. benchmarks/models/qwen3_8b. Markers: KERN, TRACE. See README.md.
+# config whose engine is traced, e.g. benchmarks/models/qwen3_8b. TRACE_CONFIGS (default
+# inactive,steer_all,ablate_all,cast): the configurations of the traced round. Markers: KERN, TRACE.
+# See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
 R=/root/res; mkdir -p $R /root/trace
@@ -20,7 +22,7 @@ fi
 echo KERN
 VLLM_ENABLE_V1_MULTIPROCESSING=0 python3 -m benchmarks.xmix_bench steps ${MODEL:-benchmarks/models/llama31_8b} \
   --_engine xmix:auto --configs inactive,steer_all,ablate_all,cast,seal,probe_one --rate 16 --num-prompts 150 \
-  --rounds 2 --trace 10,60 --trace-configs inactive,steer_all,ablate_all,cast \
+  --rounds 2 --trace 10,60 --trace-configs ${TRACE_CONFIGS:-inactive,steer_all,ablate_all,cast} \
   --out /root/trace/steps_apps.json > $R/steps_apps.log 2>&1; echo "rc=$?"
 # (the engine writes each raw chrome trace beside --out, summarizes it into the JSON and deletes it:
 # --out outside /root/res keeps a trace that outlives a cut run out of what poll.sh packs)
