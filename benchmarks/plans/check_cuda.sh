@@ -12,14 +12,21 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.tx
 python3 -m pytest -q tests/test_kernels.py -k "cuda or launch" > $R/kernel_tests.log 2>&1; echo "rc=$?"
 tail -2 $R/kernel_tests.log
 echo KTEST
+# each engine starts once the one before is up (KV cache sized, graphs captured): an engine that
+# measures its memory while another loads weights or captures graphs counts that memory as its own
+# and finds no room for the KV cache
+# (a fixed 30 s apart failed on a fresh machine, 2026-12-06)
+up() {  # up LOG: wait (at most 5 min) until LOG says the engine is up (vLLM's "init engine ... took") or failed
+  for _ in $(seq 150); do grep -q "init engine\|Error\|Traceback" "$1" 2>/dev/null && return; sleep 2; done
+}
 $B hooks-check --model $M --gpu-mem 0.28 --out $R/graphs.json > $R/hooks_graphs.log 2>&1 &
-sleep 30  # (start-ups apart: each engine measures the memory left)
+up $R/hooks_graphs.log
 $B hooks-check --model $M --gpu-mem 0.28 --eager --out $R/eager.json > $R/hooks_eager.log 2>&1 &
-sleep 30
+up $R/hooks_eager.log
 VLLM_PLUGINS= $B hooks-check --model $M --gpu-mem 0.28 --plain --out $R/plain.json > $R/hooks_plain.log 2>&1
 wait
 $B hooks-check --compare $R/graphs.json $R/eager.json > $R/compare.txt 2>&1; echo "rc=$?"
 $B hooks-check --compare $R/plain.json $R/graphs.json > $R/compare_plain.txt 2>&1; echo "rc=$?"
-tail -5 $R/compare.txt $R/compare_plain.txt
+tail -n 5 $R/compare.txt $R/compare_plain.txt
 echo HOOKS
 echo ALLDONE
