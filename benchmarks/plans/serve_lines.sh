@@ -14,6 +14,9 @@
 # server (`serve rounds --api-sample`: GIL-held microseconds per output token, the functions that
 # grew; ~2 min). API_CONFIGS (default inactive,probe_one,all_apps): the configurations sampled
 # beside plain vLLM. py-spy: on PATH, or XMIX_PY_SPY, or carried as .gpu/bin/py-spy.
+# R16_APPS (default: every app): the apps of the rate-16 steps (apps off always runs, last).
+# RECORD_STEPS=1: the servers record every engine step they run (`serve start --record-steps`:
+# each run's decode and prefill-carrying step periods and the scheduler's host time in results.json).
 # LUP / QUP (not in the default): the model's servers started (each on compile caches of its own,
 # cold on a fresh machine: start-up and graph memory into latest.json) even with no other step.
 # LWARM / QWARM (not in the default): last, the servers stopped and started again in the same
@@ -40,6 +43,7 @@ SAT="--rates inf --num-prompts 1000 --repeats 2"
 # the machine's speed (seen 2026-12-06: the runs around the rounds' boundary slower) would show on
 # a line expected at 0
 APPS="steer_all,ablate_all,probe_one,seal,cast"
+REC=""; [ "${RECORD_STEPS:-0}" = 1 ] && REC="--record-steps"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 [ -f .gpu/bin/py-spy ] && chmod +x .gpu/bin/py-spy && export XMIX_PY_SPY=${XMIX_PY_SPY:-$PWD/.gpu/bin/py-spy}
 if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0.3; else LMEM=0.42; AA=""; QMEM=0.42; fi
@@ -50,12 +54,12 @@ if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0
 model() {
   local T=$1 M=$2 S=/root/xmix-serve/$3 MEM=$4 PRE=$5 t; t=$(echo "$1" | tr LQ lq); mkdir -p $S
   if has ${T}UP || has ${T}R16 || has ${T}SAT || has ${T}API || has ${T}WARM; then
-    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM > $R/${t}start.log 2>&1; echo "rc=$?"
+    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM $REC > $R/${t}start.log 2>&1; echo "rc=$?"
   fi
   echo ${T}UP
   if has ${T}R16; then
     $B serve rounds --out $S --latest $S/latest.json $R16 --warmup 1 --warmup-prompts 60 \
-      --configs $PRE$APPS,inactive > $R/${t}r16.log 2>&1; echo "rc=$?"
+      --configs $PRE${R16_APPS:-$APPS},inactive > $R/${t}r16.log 2>&1; echo "rc=$?"
   fi
   echo ${T}R16
   if has ${T}SAT; then
