@@ -162,3 +162,71 @@ def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
     assert stop.returncode == 0, stop.stderr[-3000:]
     st = json.load(open(os.path.join(out, "servers.json")))
     assert not any(serve.Server.from_record(r).alive() for r in st["servers"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.one_version
+def test_servers_one_at_a_time_pair_by_round(tmp_path):
+    """Where two servers do not fit on the GPU (Mixtral-8x7B on an 80 GB card): `serve start
+    --servers vanilla`, its rounds, stop, then `--servers xmix` in the same folder and its rounds.
+    The plugin's rounds pair with vanilla's by round number, latest.json gets their lines (saying
+    the servers ran one at a time) and the start-up line from both servers' records; a
+    configuration whose server is down is refused, naming it."""
+    from benchmarks.xmix_bench import common, serve
+
+    model = common.write_model_config(str(tmp_path / "cfg"), layers=4, d_model=64, vocab=512)
+    out, latest = str(tmp_path / "serve"), str(tmp_path / "latest.json")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (REPO, os.environ.get("PYTHONPATH")) if x))
+
+    def bench(*args, ok=True, timeout=900):
+        cmd = [sys.executable, "-m", "benchmarks.xmix_bench", "serve", *args, "--out", out]
+        r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        if ok:
+            assert r.returncode == 0, f"{args[0]}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+        return r
+
+    def start(name):
+        for attempt in range(3):  # (a port taken meanwhile by another process: start again elsewhere)
+            r = bench("start", "--model", model, "--latest", latest, "--servers", name, "--dtype", "float32",
+                      "--max-model-len", "512", "--port", str(_free_ports(2)),
+                      "--server-args", "--enforce-eager --max-num-seqs 8 --max-num-batched-tokens 512", ok=False)
+            if r.returncode == 0:
+                return json.load(open(os.path.join(out, "servers.json")))
+            log = os.path.join(out, f"{name}.log")
+            assert attempt < 2 and "Address already in use" in open(log).read(), r.stderr[-5000:]
+
+    rate16 = ["--latest", latest, "--rates", "16", "--num-prompts", "4", "--warmup", "0", "--repeats", "1",
+              "--dataset", "random", "--input-len", "24", "--range-ratio", "0.5", "--output-len", "4"]
+    try:
+        st = start("vanilla")
+        assert set(st["servers"]) == {"vanilla"} and st["up"] == ["vanilla"] and st["one_at_a_time"], st
+        refused = bench("rounds", *rate16, "--configs", "steer_all", ok=False)
+        assert refused.returncode != 0 and "steer_all" in refused.stderr and "not running" in refused.stderr, \
+            refused.stderr[-2000:]
+        bench("rounds", *rate16)  # vanilla only
+        assert [(r["config"], r["round"]) for r in json.load(open(os.path.join(out, "results.json")))] == [("vanilla", 1)]
+        bench("stop")
+
+        st = start("xmix")
+        assert set(st["servers"]) == {"vanilla", "xmix"} and st["up"] == ["xmix"], st
+        assert st["servers"]["vanilla"]["startup_s"] > 0  # (kept from the first start)
+        bench("rounds", *rate16, "--configs", "inactive,steer_all")
+        runs = json.load(open(os.path.join(out, "results.json")))
+        assert sorted((r["config"], r["round"]) for r in runs) == [("inactive", 1), ("steer_all", 1), ("vanilla", 1)]
+        lines = json.load(open(latest))["models"]["cfg"]
+        assert set(lines["serve"]) == {"inactive", "steer_all"}, lines["serve"].keys()
+        for name, line in lines["serve"].items():
+            entry = line["rate=16"]
+            assert entry["mean_itl"]["n"] == 1 and entry["mean_itl"]["ratio"] > 0, (name, entry)
+            assert "one at a time" in entry["workload"], entry["workload"]
+            # the ratio is to the vanilla run of the first start
+            van = next(r for r in runs if r["config"] == "vanilla")["result"]["mean_itl_ms"]
+            mine = next(r for r in runs if r["config"] == name)["result"]["mean_itl_ms"]
+            assert abs(entry["mean_itl"]["ratio"] - mine / van) < 1e-4, (entry, mine, van)
+        assert lines["startup"]["plain_s"] == st["servers"]["vanilla"]["startup_s"] and lines["startup"]["xmix_s"] > 0
+    finally:
+        stop = subprocess.run([sys.executable, "-m", "benchmarks.xmix_bench", "serve", "stop", "--out", out],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert stop.returncode == 0, stop.stderr[-3000:]
+    st = json.load(open(os.path.join(out, "servers.json")))
+    assert not any(serve.Server.from_record(r).alive() for r in st["servers"].values())

@@ -156,6 +156,12 @@ def _server_options(q) -> None:
                         "variant policy (onoff: app-free and every site; pieces: per-app FULL graphs, two "
                         "piecewise tables; none: one capture, every hook op): configurations alt_inactive, "
                         "alt_<app>, in summary.md, not in latest.json")
+    q.add_argument("--servers", default="", metavar="NAMES",
+                   help="start only these of the servers (comma-separated: vanilla, xmix, control, ...), e.g. "
+                        "one at a time where two do not fit on the GPU (Mixtral-8x7B on an 80 GB card): start "
+                        "vanilla, its rounds, stop; then start xmix in the same --out, its rounds (paired with "
+                        "vanilla's by round number), stop. The records of servers started earlier in --out are "
+                        "kept, so start-up and graph memory still compare both")
     q.add_argument("--port", type=int, default=8101, help="vanilla server port (xmix: port + 1)")
     q.add_argument("--start-timeout", type=float, default=900, help="seconds each server may take to answer")
     q.add_argument("--profiler", action="store_true",
@@ -602,6 +608,19 @@ def start(args, profiler: bool | None = None) -> dict:
         alt_env.update(ALT_VARIANTS[alt])
         plans += ((ALT_SERVER[0], args.port + ALT_SERVER[1], server_args + second_args, alt_env),)
         st["alt_variants"] = {"mode": alt, "env": ALT_VARIANTS[alt]}
+    wanted = [n for n in dict.fromkeys(getattr(args, "servers", "").split(",")) if n]
+    if wanted:
+        unknown = sorted(set(wanted) - {p[0] for p in plans})
+        if unknown:
+            raise SystemExit(f"--servers: unknown server(s) {unknown}; this start has {', '.join(p[0] for p in plans)}")
+        plans = tuple(p for p in plans if p[0] in wanted)
+        st["one_at_a_time"] = True
+        # servers started earlier in this folder (stopped since: checked above) keep their records
+        # (start-up, graph capture) when they served the same model and deployment the same way
+        same = old and all(old.get(k) == st.get(k) for k in ("model", "apps", "second", "fused_writes", "server_args"))
+        if same:
+            st["servers"] = {n: r for n, r in old["servers"].items() if n not in wanted}
+    st["up"] = [p[0] for p in plans]
     launched = []
     try:
         for name, port, sargs, env in plans:
@@ -622,15 +641,19 @@ def start(args, profiler: bool | None = None) -> dict:
         for s in launched:  # a failed start leaves nothing running
             s.stop()
         raise
-    if not args.no_latest and args.second == "xmix":
+    if not args.no_latest and args.second == "xmix" and {"vanilla", "xmix"} <= set(st["servers"]):
         _latest_startup(args.latest, st)
     return st
 
 
 def stop(out: str) -> None:
     st = common.read_json(os.path.join(out, STATE))
-    for r in (st or {}).get("servers", {}).values():
-        Server.from_record(r).stop()
+    servers = (st or {}).get("servers", {})
+    # the servers the last start launched (start --servers: not the records kept from earlier
+    # starts, whose process ids may belong to other processes by now)
+    for n in (st or {}).get("up") or list(servers):
+        if n in servers:
+            Server.from_record(servers[n]).stop()
     if st:
         print(f"servers of {out} stopped", flush=True)
 
@@ -794,11 +817,18 @@ def rounds(args) -> int:
     st = common.read_json(os.path.join(out, STATE))
     if not st:
         raise SystemExit(f"{out}/{STATE}: no servers started here (serve start --out {args.out} ...)")
-    servers = {n: Server.from_record(r) for n, r in st["servers"].items()}
+    up = st.get("up") or list(st["servers"])  # (start --servers: the ones this start launched)
+    servers = {n: Server.from_record(st["servers"][n]) for n in up}
     for s in servers.values():
         s.wait(args.wait)
     all_configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False),
                               (st.get("alt_variants") or {}).get("mode"))
+    down = sorted(n for n, (srv, _) in all_configs.items() if srv not in servers)
+    asked = {*args.configs.split(","), *args.profile.split(","), *args.api_profile.split(","),
+             *args.api_sample.split(",")} - {""}
+    if down and (asked & set(down) or ((args.profile or args.api_profile or args.api_sample) and "vanilla" in down)):
+        args._parser.error(f"configuration(s) {sorted(asked & set(down)) or ['vanilla']} need a server that is not "
+                           f"running (servers up: {', '.join(up)}; start --servers chose them)")
     configs = all_configs
     profiled = [c for c in args.profile.split(",") if c]
     if any(c.startswith(("aa_", "alt_")) for c in profiled):
@@ -826,6 +856,7 @@ def rounds(args) -> int:
             args._parser.error(f"--api-sample: {e}")
     if args.configs:
         configs = selected_configs(configs, args.configs)
+    configs = {n: c for n, c in configs.items() if c[0] in servers}  # (vanilla too, where its server is down)
     dataset_args, title = _dataset(args, st)
     rates = args.rates.split(",")
     write_sweep_files(os.path.join(out, "sweep"), st, dataset_args, configs, rates, args.num_prompts)
@@ -840,7 +871,10 @@ def rounds(args) -> int:
         return (mark * 7919 + os.getpid()) % (st["vocab_size"] - 20) + 10
 
     for rate in rates:
-        first = 1 + max((r["round"] for r in runs if r["rate"] == rate and r.get("title", title) == title), default=0)
+        # numbered on from this folder's rounds of these configurations (vanilla's among them whenever
+        # its server is up): the plugin's rounds after a vanilla-only start pair with vanilla's 1, 2, ...
+        first = 1 + max((r["round"] for r in runs if r["rate"] == rate and r.get("title", title) == title
+                         and r["config"] in configs), default=0)
         plan = [(0, False)] * args.warmup + [(first + i, True) for i in range(args.repeats)]
         for rnd, measured in plan:  # warm-up rounds use seed 0 and are discarded
             # abba by the round's number in the folder: rounds added by later commands keep alternating
@@ -904,7 +938,7 @@ def rounds(args) -> int:
     if not args.no_latest:
         print(to_latest(args.latest, runs, st["model_name"], rates=rates, configs=list(configs),
                         setup=st.get("command", ""), command=command, fused_writes=st.get("fused_writes"),
-                        card=st.get("card") or common.gpu_card()))
+                        card=st.get("card") or common.gpu_card(), one_at_a_time=bool(st.get("one_at_a_time"))))
     return 0
 
 
@@ -1030,13 +1064,15 @@ def profile_run(out: str, servers: dict, st: dict, config, name: str, dataset_ar
 
 def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setup: str = "", command: str = "",
               fused_writes: str | None = None, commit: str | None = None, date: str | None = None,
-              source: str = "", title: str | None = None, card: str | None = None) -> str:
+              source: str = "", title: str | None = None, card: str | None = None,
+              one_at_a_time: bool = False) -> str:
     """Per (rate, workload) and configuration: each metric's median ratio to vanilla and its
     range over rounds, into latest.json (``serve[config]["rate=R"]``; an A/A configuration,
     ``aa_plain`` / ``aa_empty``, under ``calibration[config]["rate=R"]``: how far plain vLLM
     lies from itself, and the plugin with nothing deployed from plain vLLM, beside these lines,
     whichever ``configs`` are named). ``card``: the GPU the runs were measured on (each entry's
-    ``card``; none recorded when None)."""
+    ``card``; none recorded when None). ``one_at_a_time``: the servers ran one after the other
+    (``start --servers``), so the workload says the rounds were not interleaved across them."""
     done = []
     for (rate, group_title), by_config in common.serve_groups(runs).items():
         if rates is not None and rate not in rates:
@@ -1049,6 +1085,9 @@ def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setu
             rounds_ = [by_config[cfg][i] for i in sorted(by_config[cfg])]
             n = stats.pop("rounds")
             workload = f"{title or group_title}, rate {rate}, " + ("1 round" if n == 1 else f"{n} interleaved rounds")
+            if one_at_a_time:
+                workload += (", the servers one at a time (plain vLLM's rounds first, then the plugin's: "
+                             "not interleaved across them)")
             if fused_writes:
                 workload += f", fused_writes={fused_writes}"
             entry = {**stats, "commit": commit or rounds_[-1].get("commit") or "unknown",
