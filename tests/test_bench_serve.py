@@ -43,6 +43,21 @@ def _free_ports(n: int) -> int:
     raise RuntimeError(f"no {n} consecutive free ports")
 
 
+def _serve_stop(out: str, env: dict) -> subprocess.CompletedProcess:
+    """`serve stop --out OUT` as a plan runs it (in a test's finally: its result checked after)."""
+    return subprocess.run([sys.executable, "-m", "benchmarks.xmix_bench", "serve", "stop", "--out", out],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _assert_stopped(stop: subprocess.CompletedProcess, out: str) -> None:
+    """The stop succeeded and no server recorded in OUT's servers.json runs any more."""
+    from benchmarks.xmix_bench import serve
+
+    assert stop.returncode == 0, stop.stderr[-3000:]
+    st = json.load(open(os.path.join(out, "servers.json")))
+    assert not any(serve.Server.from_record(r).alive() for r in st["servers"].values())
+
+
 def test_chained_plans_end_with_one_alldone(tmp_path):
     """benchmarks/plans/chain.sh runs plan command lines in order and drops their own ALLDONE
     lines (poll.sh stops at the first one), printing one at the very end, with each exit code."""
@@ -83,7 +98,7 @@ def test_each_server_compiles_into_caches_of_its_own(tmp_path):
 @pytest.mark.slow
 @pytest.mark.one_version
 def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
-    from benchmarks.xmix_bench import common, serve
+    from benchmarks.xmix_bench import common
 
     model = common.write_model_config(str(tmp_path / "cfg"), layers=4, d_model=64, vocab=512)
     out, latest = str(tmp_path / "serve"), str(tmp_path / "latest.json")
@@ -157,11 +172,8 @@ def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
         assert "microseconds per output token" in printed, printed[-2000:]
         assert len(json.load(open(os.path.join(out, "results.json")))) == len(runs)  # (no rounds: none added)
     finally:
-        stop = subprocess.run([sys.executable, "-m", "benchmarks.xmix_bench", "serve", "stop", "--out", out],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert stop.returncode == 0, stop.stderr[-3000:]
-    st = json.load(open(os.path.join(out, "servers.json")))
-    assert not any(serve.Server.from_record(r).alive() for r in st["servers"].values())
+        stop = _serve_stop(out, env)
+    _assert_stopped(stop, out)
 
 
 @pytest.mark.slow
@@ -172,7 +184,7 @@ def test_servers_one_at_a_time_pair_by_round(tmp_path):
     The plugin's rounds pair with vanilla's by round number, latest.json gets their lines (saying
     the servers ran one at a time) and the start-up line from both servers' records; a
     configuration whose server is down is refused, naming it."""
-    from benchmarks.xmix_bench import common, serve
+    from benchmarks.xmix_bench import common
 
     model = common.write_model_config(str(tmp_path / "cfg"), layers=4, d_model=64, vocab=512)
     out, latest = str(tmp_path / "serve"), str(tmp_path / "latest.json")
@@ -225,8 +237,5 @@ def test_servers_one_at_a_time_pair_by_round(tmp_path):
             assert abs(entry["mean_itl"]["ratio"] - mine / van) < 1e-4, (entry, mine, van)
         assert lines["startup"]["plain_s"] == st["servers"]["vanilla"]["startup_s"] and lines["startup"]["xmix_s"] > 0
     finally:
-        stop = subprocess.run([sys.executable, "-m", "benchmarks.xmix_bench", "serve", "stop", "--out", out],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert stop.returncode == 0, stop.stderr[-3000:]
-    st = json.load(open(os.path.join(out, "servers.json")))
-    assert not any(serve.Server.from_record(r).alive() for r in st["servers"].values())
+        stop = _serve_stop(out, env)
+    _assert_stopped(stop, out)
