@@ -349,3 +349,44 @@ def test_a_selection_check_reads_the_model_config_once_per_engine():
     assert len(reads) == 1
     with pytest.raises(XmixSpecError, match=r"mi_apps\[0\]\.layers: layer 4 .* \(deployed: \[0, 1, 2, 3\]\)"):
         validate_selection(vc, [{"name": "add", "layers": [4]}])
+
+
+def test_a_checked_selection_is_remembered_per_deployment_state(monkeypatch):
+    """A selection that passed is checked once per deployment state: the next request with it gets
+    its own copy of the same canonical selection and salt (a prompt read still gets a salt of its
+    own), an app change on a running server (a new state) checks it again, and a refused
+    selection is refused every time."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from vllm_xmix.spec import CONFIG_KEY, parse_deployment
+    from vllm_xmix.validation import requests as vreq
+
+    a = MIApp("add")
+    a.write("add", vector=unit_rms(2), scale=1.0).layers("all")
+    p = MIApp("probe")
+    p.read("linear_probe", weight=unit_rms(2)).layers([1])
+    vc = NS(additional_config=deploy(a, p), model_config=NS(dtype=torch.float32, hf_config=NS(num_hidden_layers=4)))
+    parsed = []
+    orig = vreq.parse_request_apps
+    monkeypatch.setattr(vreq, "parse_request_apps", lambda raw, **kw: parsed.append(raw) or orig(raw, **kw))
+
+    w1, s1 = vreq.validate_selection(vc, [{"name": "add", "scale": 0.5}])
+    w2, s2 = vreq.validate_selection(vc, [{"name": "add", "scale": 0.5}])
+    assert len(parsed) == 1 and w1 == w2 and s1 == s2 and s1.startswith("xmix:"), (w1, s1, s2)
+    w1["apps"][0]["scale"] = 9.0  # (a request's own dicts: writing one changes no other's)
+    assert vreq.validate_selection(vc, [{"name": "add", "scale": 0.5}])[0]["apps"][0]["scale"] == 0.5
+    assert vreq.validate_selection(vc, [{"name": "add", "scale": 0.25}])[1] != s1 and len(parsed) == 2
+
+    r1 = vreq.validate_selection(vc, ["probe"])[1]
+    r2 = vreq.validate_selection(vc, ["probe"])[1]
+    assert vreq.READ_SALT in r1 and r1 != r2 and r1.split(vreq.READ_SALT)[0] == r2.split(vreq.READ_SALT)[0]
+
+    for _ in range(2):  # refused each time, never remembered
+        with pytest.raises(XmixSpecError, match="unknown app"):
+            vreq.validate_selection(vc, [{"name": "nope"}])
+    n = len(parsed)
+    vreq.set_live_deployment(vc, parse_deployment(vc.additional_config[CONFIG_KEY]), {"add": 3})
+    w3, _ = vreq.validate_selection(vc, [{"name": "add", "scale": 0.5}])
+    assert len(parsed) == n + 1 and w3["apps"][0]["version"] == 3, w3

@@ -23,6 +23,12 @@ from ..spec import (CONFIG_KEY, XmixSpecError, check_request_against_deployment,
 PROJ_SPAN = 64.0
 _DEP_CACHE: dict[int, tuple] = {}
 _LAYERS_CACHE: dict[int, tuple] = {}
+#: checked selections: (engine config id, selection as canonical JSON, n, field) -> (the
+#: deployment state they were checked against, wire, salt, whether it reads the prompt); most
+#: requests of a deployment select one of a few selections, and each HTTP request is checked
+#: twice (before the server answers, and where it enters the engine)
+_SEL_CACHE: dict[tuple, tuple] = {}
+_SEL_CACHE_MAX = 4096
 
 
 #: a key in a field path: a name (hyphens allowed), or any other key as ``["..."]`` (JSON-quoted)
@@ -267,12 +273,44 @@ def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
     against the engine's deployment; returns (canonical wire dict, cache salt or None). ``field``
     is how errors name the selection (``mi_apps`` offline, ``vllm_xargs.xmix`` over HTTP).
 
+    A selection that passed is remembered with the deployment state it was checked against (its
+    apps, their versions: :func:`set_live_deployment` makes a new state), so the next request
+    with the same selection gets a copy of its wire dict and salt without the checks; a
+    request that reads the prompt still gets a salt part of its own. Refused selections are
+    checked again each time.
+
     Raises:
         XmixSpecError (a ValueError) naming the field.
     """
+    try:
+        key = (id(vllm_config), json.dumps(raw, sort_keys=True, separators=(",", ":")), n, field)
+    except (TypeError, ValueError):  # not JSON-shaped: checked (and refused) below, never remembered
+        key = None
+    _deployment_info(vllm_config)
+    state = _DEP_CACHE[id(vllm_config)]
+    hit = _SEL_CACHE.get(key) if key is not None else None
+    if hit is None or hit[0] is not state:
+        wire, salt, reads_prompt = _checked_selection(vllm_config, raw, n, field)
+        if key is not None:
+            if len(_SEL_CACHE) >= _SEL_CACHE_MAX:
+                _SEL_CACHE.clear()
+            _SEL_CACHE[key] = hit = (state, wire, salt, reads_prompt)
+        else:
+            hit = (state, wire, salt, reads_prompt)
+    _, wire, salt, reads_prompt = hit
+    # (the caller's own dicts: a request's canonical selection is written into its sampling params)
+    wire = {k: ([dict(a) for a in v] if k == "apps" else v) for k, v in wire.items()}
+    if reads_prompt:  # values at every prompt position: the prompt must be computed, never a cache hit
+        salt = f"{salt or 'xmix'}{READ_SALT}{uuid.uuid4().hex}"
+    return wire, salt
+
+
+def _checked_selection(vllm_config, raw, n: int, field: str):
+    """:func:`validate_selection` without the memo: (wire, salt of the apps that change the
+    prompt's KV or None, whether an app reads the prompt)."""
     apps = parse_request_apps(raw, field=field)
     if not apps:
-        return {"apps": []}, None
+        return {"apps": []}, None, False
     for i, ra in enumerate(apps):
         if ra.version is not None:
             raise XmixSpecError(f"{field}[{i}].version: set by the server (the parameters the app has when the "
@@ -313,6 +351,4 @@ def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
     salt = None
     if effective:
         salt = "xmix:" + hashlib.sha256(json.dumps(effective, sort_keys=True).encode()).hexdigest()[:24]
-    if reads_prompt:  # values at every prompt position: the prompt must be computed, never a cache hit
-        salt = f"{salt or 'xmix'}{READ_SALT}{uuid.uuid4().hex}"
-    return wire, salt
+    return wire, salt, reads_prompt
