@@ -236,6 +236,10 @@ def test_servers_one_at_a_time_pair_by_round(tmp_path):
             mine = next(r for r in runs if r["config"] == name)["result"]["mean_itl_ms"]
             assert abs(entry["mean_itl"]["ratio"] - mine / van) < 1e-4, (entry, mine, van)
         assert lines["startup"]["plain_s"] == st["servers"]["vanilla"]["startup_s"] and lines["startup"]["xmix_s"] > 0
+        # more of the plugin's rounds than vanilla has: refused before any run, nothing unpaired added
+        again = bench("rounds", *rate16, "--configs", "inactive", ok=False)
+        assert again.returncode != 0 and "no vanilla rounds" in again.stderr + again.stdout, again.stderr[-2000:]
+        assert len(json.load(open(os.path.join(out, "results.json")))) == 3
     finally:
         stop = _serve_stop(out, env)
     _assert_stopped(stop, out)

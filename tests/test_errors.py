@@ -377,7 +377,13 @@ def test_a_checked_selection_is_remembered_per_deployment_state(monkeypatch):
     assert len(parsed) == 1 and w1 == w2 and s1 == s2 and s1.startswith("xmix:"), (w1, s1, s2)
     w1["apps"][0]["scale"] = 9.0  # (a request's own dicts: writing one changes no other's)
     assert vreq.validate_selection(vc, [{"name": "add", "scale": 0.5}])[0]["apps"][0]["scale"] == 0.5
+    # the same selection named as the engine names it (errors only differ in the field's name)
+    assert vreq.validate_selection(vc, [{"name": "add", "scale": 0.5}], field="extra_args.xmix")[1] == s1
     assert vreq.validate_selection(vc, [{"name": "add", "scale": 0.25}])[1] != s1 and len(parsed) == 2
+    w4, _ = vreq.validate_selection(vc, [{"name": "add", "layers": [1, 2]}])
+    w4["apps"][0]["layers"].append(3)  # (its lists too)
+    assert vreq.validate_selection(vc, [{"name": "add", "layers": [1, 2]}])[0]["apps"][0]["layers"] == [1, 2]
+    assert len(parsed) == 3
 
     r1 = vreq.validate_selection(vc, ["probe"])[1]
     r2 = vreq.validate_selection(vc, ["probe"])[1]

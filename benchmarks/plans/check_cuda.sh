@@ -16,13 +16,13 @@ echo KTEST
 # measures its memory while another loads weights or captures graphs counts that memory as its own
 # and finds no room for the KV cache
 # (a fixed 30 s apart failed on a fresh machine, 2026-12-06)
-up() {  # up LOG: wait (at most 5 min) until LOG says the engine is up (vLLM's "init engine ... took") or failed
-  for _ in $(seq 150); do grep -q "init engine\|Error\|Traceback" "$1" 2>/dev/null && return; sleep 2; done
+up() {  # up LOG PID: wait (at most 5 min) until LOG says the engine is up (vLLM's "init engine ... took") or PID exited
+  for _ in $(seq 150); do grep -q "init engine" "$1" 2>/dev/null && return; kill -0 "$2" 2>/dev/null || return; sleep 2; done
 }
 $B hooks-check --model $M --gpu-mem 0.28 --out $R/graphs.json > $R/hooks_graphs.log 2>&1 &
-up $R/hooks_graphs.log
+up $R/hooks_graphs.log $!
 $B hooks-check --model $M --gpu-mem 0.28 --eager --out $R/eager.json > $R/hooks_eager.log 2>&1 &
-up $R/hooks_eager.log
+up $R/hooks_eager.log $!
 VLLM_PLUGINS= $B hooks-check --model $M --gpu-mem 0.28 --plain --out $R/plain.json > $R/hooks_plain.log 2>&1
 wait
 $B hooks-check --compare $R/graphs.json $R/eager.json > $R/compare.txt 2>&1; echo "rc=$?"

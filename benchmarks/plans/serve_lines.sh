@@ -77,7 +77,7 @@ model() {
   $B serve stop --out $S > $R/${t}stop.log 2>&1
   if has ${T}WARM; then
     cp $S/servers.json $R/${t}servers_cold.json 2>/dev/null
-    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM > $R/${t}start_warm.log 2>&1; echo "rc=$?"
+    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM $REC > $R/${t}start_warm.log 2>&1; echo "rc=$?"
     cp $S/servers.json $R/${t}servers_warm.json 2>/dev/null
     $B serve stop --out $S >> $R/${t}stop.log 2>&1
   fi

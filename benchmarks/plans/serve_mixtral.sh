@@ -18,8 +18,8 @@ M=benchmarks/models/mixtral_8x7b
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if [ "${MIB:-0}" -gt 100000 ]; then MEM=0.45; ONE=0; else MEM=0.9; ONE=1; fi
-up() {  # up LOG: wait (at most 10 min) until LOG says the engine is up (vLLM's "init engine ... took") or failed
-  for _ in $(seq 300); do grep -q "init engine\|Error\|Traceback" "$1" 2>/dev/null && return; sleep 2; done
+up() {  # up LOG PID: wait (at most 10 min) until LOG says the engine is up (vLLM's "init engine ... took") or PID exited
+  for _ in $(seq 300); do grep -q "init engine" "$1" 2>/dev/null && return; kill -0 "$2" 2>/dev/null || return; sleep 2; done
 }
 if [ "${MHOOKS:-1}" = 1 ]; then
   if [ $ONE = 1 ]; then
@@ -27,7 +27,7 @@ if [ "${MHOOKS:-1}" = 1 ]; then
     $B hooks-check --model $M --quantization fp8 --gpu-mem $MEM --eager --out $R/mix_eager.json > $R/mix_hooks_eager.log 2>&1
   else  # side by side, the second started once the first is up (each engine measures the memory left)
     $B hooks-check --model $M --quantization fp8 --gpu-mem $MEM --out $R/mix_graphs.json > $R/mix_hooks.log 2>&1 &
-    up $R/mix_hooks.log
+    up $R/mix_hooks.log $!
     $B hooks-check --model $M --quantization fp8 --gpu-mem $MEM --eager --out $R/mix_eager.json > $R/mix_hooks_eager.log 2>&1
     wait
   fi

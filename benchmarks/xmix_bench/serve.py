@@ -115,7 +115,7 @@ STATE = "servers.json"
 
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    start = sub.add_parser("start", help="start both servers (they keep running after this command)")
+    start = sub.add_parser("start", help="start the servers (they keep running after this command)")
     rounds = sub.add_parser("rounds", help="run rounds against the running servers")
     stop = sub.add_parser("stop", help="stop the servers of --out")
     everything = sub.add_parser("all", help="start, rounds, stop in one command")
@@ -492,6 +492,9 @@ class Server:
         raise RuntimeError(f"{self.name} server did not answer in {timeout:.0f}s; see {self.log}")
 
     def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after 60 s; returns once no process of
+        the group is left (its engine core, which holds the GPU memory, exits after the API
+        server: a server started next on the same GPU measures the memory free)."""
         if not self.alive():
             return
         try:
@@ -500,8 +503,15 @@ class Server:
                 if self.proc is not None:
                     self.proc.poll()
                 if not self.alive():
-                    return
+                    break
                 time.sleep(1)
+            else:
+                os.killpg(self.pid, signal.SIGKILL)
+            for _ in range(120):
+                if self.proc is not None:
+                    self.proc.poll()
+                os.killpg(self.pid, 0)  # (ProcessLookupError once the group is gone)
+                time.sleep(0.5)
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
@@ -548,13 +558,15 @@ def server_caches(out: str, name: str, env: dict) -> tuple[dict, str]:
 
 
 def start(args, profiler: bool | None = None) -> dict:
-    """Start both servers, one after the other (each start-up measures its own memory)."""
+    """Start the servers (all of them, or those of ``--servers``), one after the other (each
+    start-up measures its own memory)."""
     from vllm_xmix import deploy
 
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     old = common.read_json(os.path.join(out, STATE))
-    if old and any(Server.from_record(r).alive() for r in old["servers"].values()):
+    if old and any(Server.from_record(old["servers"][n]).alive()
+                   for n in (old.get("up") or list(old["servers"])) if n in old["servers"]):
         raise SystemExit(f"{out}: servers of an earlier start are still running (serve stop --out {args.out})")
     cfg = common.load_config(args.model)
     serving = build_serving_dir(args.model, os.path.join(out, "model"))
@@ -613,13 +625,22 @@ def start(args, profiler: bool | None = None) -> dict:
         unknown = sorted(set(wanted) - {p[0] for p in plans})
         if unknown:
             raise SystemExit(f"--servers: unknown server(s) {unknown}; this start has {', '.join(p[0] for p in plans)}")
+        if len(wanted) < len(plans):  # (all of them named: the usual start, interleaved rounds)
+            st["one_at_a_time"] = True
         plans = tuple(p for p in plans if p[0] in wanted)
-        st["one_at_a_time"] = True
         # servers started earlier in this folder (stopped since: checked above) keep their records
-        # (start-up, graph capture) when they served the same model and deployment the same way
-        same = old and all(old.get(k) == st.get(k) for k in ("model", "apps", "second", "fused_writes", "server_args"))
-        if same:
-            st["servers"] = {n: r for n, r in old["servers"].items() if n not in wanted}
+        # (start-up, graph capture); their runs in results.json pair with this start's, so they
+        # must have served the same model and deployment the same way
+        kept = {n: r for n, r in (old or {}).get("servers", {}).items() if n not in wanted}
+        setup = ("model", "apps", "second", "fused_writes", "server_args", "xmix_env", "profiler", "record_steps",
+                 "profile_api", "card")
+        differ = [k for k in setup if kept and old.get(k) != st.get(k)]
+        if differ:
+            raise SystemExit(f"{out}: the servers started there before ({', '.join(kept)}) ran with other settings "
+                             f"({', '.join(differ)}); their runs would pair with this start's: use another --out")
+        st["servers"] = kept
+        if kept:  # (the servers of an earlier start and this one's: one at a time)
+            st["one_at_a_time"] = True
     st["up"] = [p[0] for p in plans]
     launched = []
     try:
@@ -817,7 +838,8 @@ def rounds(args) -> int:
     st = common.read_json(os.path.join(out, STATE))
     if not st:
         raise SystemExit(f"{out}/{STATE}: no servers started here (serve start --out {args.out} ...)")
-    up = st.get("up") or list(st["servers"])  # (start --servers: the ones this start launched)
+    # (start --servers: the ones the last start launched; one whose start failed has no record)
+    up = [n for n in (st.get("up") or list(st["servers"])) if n in st["servers"]]
     servers = {n: Server.from_record(st["servers"][n]) for n in up}
     for s in servers.values():
         s.wait(args.wait)
@@ -872,9 +894,19 @@ def rounds(args) -> int:
 
     for rate in rates:
         # numbered on from this folder's rounds of these configurations (vanilla's among them whenever
-        # its server is up): the plugin's rounds after a vanilla-only start pair with vanilla's 1, 2, ...
+        # its server is up); without vanilla (start --servers) on from vanilla's latest rounds, the
+        # ones these pair with, and refused where vanilla has none left to pair with
         first = 1 + max((r["round"] for r in runs if r["rate"] == rate and r.get("title", title) == title
                          and r["config"] in configs), default=0)
+        if "vanilla" not in configs and args.repeats:
+            van = sorted(r["round"] for r in runs if r["rate"] == rate and r.get("title", title) == title
+                         and r["config"] == "vanilla")
+            if van:
+                first = max(first, van[-1] - args.repeats + 1)
+            if not van or first + args.repeats - 1 > van[-1]:
+                raise SystemExit(f"rate {rate}: vanilla's server is not up and results.json has no vanilla rounds "
+                                 f"{first}..{first + args.repeats - 1} for these runs to pair with (vanilla's: "
+                                 f"{van or 'none'}); start --servers vanilla and run its rounds first")
         plan = [(0, False)] * args.warmup + [(first + i, True) for i in range(args.repeats)]
         for rnd, measured in plan:  # warm-up rounds use seed 0 and are discarded
             # abba by the round's number in the folder: rounds added by later commands keep alternating
@@ -1072,7 +1104,8 @@ def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setu
     lies from itself, and the plugin with nothing deployed from plain vLLM, beside these lines,
     whichever ``configs`` are named). ``card``: the GPU the runs were measured on (each entry's
     ``card``; none recorded when None). ``one_at_a_time``: the servers ran one after the other
-    (``start --servers``), so the workload says the rounds were not interleaved across them."""
+    (``start --servers``), so the workload says the rounds were not interleaved across them.
+    An entry's commit and date are those of its paired rounds' last."""
     done = []
     for (rate, group_title), by_config in common.serve_groups(runs).items():
         if rates is not None and rate not in rates:
@@ -1082,12 +1115,15 @@ def to_latest(path, runs: list[dict], model: str, rates=None, configs=None, setu
                 continue
             if cfg.startswith("alt_"):
                 continue  # another variant policy than the default's (start --alt-variants): summary.md only
-            rounds_ = [by_config[cfg][i] for i in sorted(by_config[cfg])]
+            # (the rounds the ratios come from: those vanilla ran too)
+            rounds_ = [by_config[cfg][i] for i in sorted(set(by_config[cfg]) & set(by_config.get("vanilla", {})))]
             n = stats.pop("rounds")
-            workload = f"{title or group_title}, rate {rate}, " + ("1 round" if n == 1 else f"{n} interleaved rounds")
             if one_at_a_time:
-                workload += (", the servers one at a time (plain vLLM's rounds first, then the plugin's: "
-                             "not interleaved across them)")
+                workload = (f"{title or group_title}, rate {rate}, " + ("1 round" if n == 1 else f"{n} rounds")
+                            + ", the servers one at a time (not interleaved across them)")
+            else:
+                workload = (f"{title or group_title}, rate {rate}, "
+                            + ("1 round" if n == 1 else f"{n} interleaved rounds"))
             if fused_writes:
                 workload += f", fused_writes={fused_writes}"
             entry = {**stats, "commit": commit or rounds_[-1].get("commit") or "unknown",

@@ -23,12 +23,14 @@ from ..spec import (CONFIG_KEY, XmixSpecError, check_request_against_deployment,
 PROJ_SPAN = 64.0
 _DEP_CACHE: dict[int, tuple] = {}
 _LAYERS_CACHE: dict[int, tuple] = {}
-#: checked selections: (engine config id, selection as canonical JSON, n, field) -> (the
-#: deployment state they were checked against, wire, salt, whether it reads the prompt); most
-#: requests of a deployment select one of a few selections, and each HTTP request is checked
-#: twice (before the server answers, and where it enters the engine)
+#: checked selections: (engine config id, selection as canonical JSON, n) -> (the deployment
+#: state they were checked against, wire, salt, whether it reads the prompt); most requests of a
+#: deployment select one of a few selections, and each HTTP request is checked twice (before the
+#: server answers, and where it enters the engine: the second finds the first's)
 _SEL_CACHE: dict[tuple, tuple] = {}
 _SEL_CACHE_MAX = 4096
+#: selections longer than this as JSON (characters) are checked every time, not remembered
+_SEL_KEY_MAX = 4096
 
 
 #: a key in a field path: a name (hyphens allowed), or any other key as ``["..."]`` (JSON-quoted)
@@ -181,6 +183,8 @@ def set_live_deployment(vllm_config, dep, versions: dict[str, int], info=None) -
     and stamp each selected app's version from ``versions`` into the canonical selection.
     ``info``: ``measure_deployment(vllm_config, dep)`` if already computed."""
     _DEP_CACHE[id(vllm_config)] = (vllm_config, *(info or measure_deployment(vllm_config, dep)), dict(versions))
+    for k in [k for k in _SEL_CACHE if k[0] == id(vllm_config)]:  # (checked against the state replaced)
+        del _SEL_CACHE[k]
 
 
 def _deployment_of(vllm_config):
@@ -275,16 +279,19 @@ def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
 
     A selection that passed is remembered with the deployment state it was checked against (its
     apps, their versions: :func:`set_live_deployment` makes a new state), so the next request
-    with the same selection gets a copy of its wire dict and salt without the checks; a
-    request that reads the prompt still gets a salt part of its own. Refused selections are
-    checked again each time.
+    with the same selection gets its own copy of the wire dict (and of its lists) and the salt
+    without the checks; a request that reads the prompt still gets a salt part of its own.
+    Refused selections, and selections longer than 4096 characters as JSON, are checked every
+    time.
 
     Raises:
         XmixSpecError (a ValueError) naming the field.
     """
     try:
-        key = (id(vllm_config), json.dumps(raw, sort_keys=True, separators=(",", ":")), n, field)
-    except (TypeError, ValueError):  # not JSON-shaped: checked (and refused) below, never remembered
+        text = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+        # (field only names the selection in errors, and errors are not remembered)
+        key = (id(vllm_config), text, n) if len(text) <= _SEL_KEY_MAX else None
+    except (TypeError, ValueError, RecursionError):  # not JSON-shaped: checked (and refused) below
         key = None
     _deployment_info(vllm_config)
     state = _DEP_CACHE[id(vllm_config)]
@@ -298,8 +305,9 @@ def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
         else:
             hit = (state, wire, salt, reads_prompt)
     _, wire, salt, reads_prompt = hit
-    # (the caller's own dicts: a request's canonical selection is written into its sampling params)
-    wire = {k: ([dict(a) for a in v] if k == "apps" else v) for k, v in wire.items()}
+    # (the caller's own dicts and lists: a request's canonical selection goes into its sampling params)
+    wire = {k: ([{f: (list(x) if isinstance(x, list) else x) for f, x in a.items()} for a in v] if k == "apps" else v)
+            for k, v in wire.items()}
     if reads_prompt:  # values at every prompt position: the prompt must be computed, never a cache hit
         salt = f"{salt or 'xmix'}{READ_SALT}{uuid.uuid4().hex}"
     return wire, salt
