@@ -111,9 +111,11 @@ def test_api_calls_profiles_exactly_the_measured_requests():
     cf = r["configs"]
     for c in ("plain", "none", "probe_one"):
         assert cf[c]["tokens"] == 4 * 6 and cf[c]["calls_per_chunk"] > 0, (c, cf[c])
-    probe_funcs = [k for k, here, ref in cf["probe_one"]["changed"] if "vllm_xmix/" in k and ref == 0]
-    assert probe_funcs, cf["probe_one"]["changed"]
-    assert not any("vllm_xmix/results.py" in k and here > 0 for k, here, ref in cf["none"]["changed"])
+    # the probe's own functions, whatever the per-batch calls (which follow timing) do to the top
+    # list: against plain vLLM, which runs no plugin function, the read assembly is the probe's alone
+    probe_funcs = [k for k, _ in cf["probe_one"]["plugin_only"]]
+    assert any("vllm_xmix/results.py" in k for k in probe_funcs), cf["probe_one"]["plugin_only"]
+    assert cf["none"]["plugin_only"] and not any("vllm_xmix/results.py" in k for k, _ in cf["none"]["plugin_only"])
     assert cf["plain"]["plugin_calls_per_chunk"] == 0 < cf["none"]["plugin_calls_per_chunk"], cf
     assert cf["probe_one"]["plugin_calls_per_token"] > cf["none"]["plugin_calls_per_token"], cf
     assert "probe_one" in report(r)

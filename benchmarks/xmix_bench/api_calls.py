@@ -65,8 +65,9 @@ def api_calls(configs: list[str], requests: int = 64, tokens: int = 64, concurre
               top: int = 15) -> dict:
     """``{"configs": {name: {"chunks", "tokens", "calls_per_chunk", "calls_per_token",
     "plugin_calls_per_chunk", "plugin_calls_per_token", "gc": {...}, "changed":
-    [[function, calls per chunk here, in the first configuration], ...]}}, ...}`` (see the module
-    docstring).
+    [[function, calls per chunk here, in the first configuration], ...] (the ``top`` that moved
+    most), "plugin_only": [[function, calls per chunk], ...] (every function of the plugin this
+    configuration calls and the first one never does)}}, ...}`` (see the module docstring).
 
     Raises:
         RuntimeError: a server did not start, or a request was refused."""
@@ -124,6 +125,8 @@ def api_calls(configs: list[str], requests: int = 64, tokens: int = 64, concurre
         moved = sorted(((k, b.get(k, 0) / nb, a.get(k, 0) / na) for k in set(a) | set(b)),
                        key=lambda r: -abs(r[1] - r[2]))
         out["configs"][c]["changed"] = [[k, round(x, 3), round(y, 3)] for k, x, y in moved[:top] if x != y]
+        # (the top list moves with the front end's per-batch work, which follows timing; these are exact)
+        out["configs"][c]["plugin_only"] = [[k, round(x, 3)] for k, x, y in moved if "vllm_xmix/" in k and y == 0 < x]
     return out
 
 
