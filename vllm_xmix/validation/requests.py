@@ -297,20 +297,22 @@ def validate_selection(vllm_config, raw, n: int = 1, field: str = "mi_apps"):
     state = _DEP_CACHE[id(vllm_config)]
     hit = _SEL_CACHE.get(key) if key is not None else None
     if hit is None or hit[0] is not state:
-        wire, salt, reads_prompt = _checked_selection(vllm_config, raw, n, field)
+        hit = (state, *_checked_selection(vllm_config, raw, n, field))
         if key is not None:
             if len(_SEL_CACHE) >= _SEL_CACHE_MAX:
                 _SEL_CACHE.clear()
-            _SEL_CACHE[key] = hit = (state, wire, salt, reads_prompt)
-        else:
-            hit = (state, wire, salt, reads_prompt)
+            _SEL_CACHE[key] = hit
     _, wire, salt, reads_prompt = hit
-    # (the caller's own dicts and lists: a request's canonical selection goes into its sampling params)
-    wire = {k: ([{f: (list(x) if isinstance(x, list) else x) for f, x in a.items()} for a in v] if k == "apps" else v)
-            for k, v in wire.items()}
+    wire = _own_copy(wire)  # (a request's canonical selection goes into its sampling params)
     if reads_prompt:  # values at every prompt position: the prompt must be computed, never a cache hit
         salt = f"{salt or 'xmix'}{READ_SALT}{uuid.uuid4().hex}"
     return wire, salt
+
+
+def _own_copy(wire: dict) -> dict:
+    """A canonical selection whose app dicts and their lists (``layers``) belong to the caller."""
+    return {k: ([{f: (list(x) if isinstance(x, list) else x) for f, x in a.items()} for a in v] if k == "apps" else v)
+            for k, v in wire.items()}
 
 
 def _checked_selection(vllm_config, raw, n: int, field: str):
