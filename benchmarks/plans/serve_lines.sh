@@ -17,6 +17,8 @@
 # R16_APPS (default: every app): the apps of the rate-16 steps (apps off always runs, last).
 # RECORD_STEPS=1: the servers record every engine step they run (`serve start --record-steps`:
 # each run's decode and prefill-carrying step periods and the scheduler's host time in results.json).
+# PIN_CPUS=1: each server and the client on physical CPU cores of their own (`serve start
+# --pin-cpus`; its rounds are a workload of their own in results.json and latest.json).
 # LUP / QUP (not in the default): the model's servers started (each on compile caches of its own,
 # cold on a fresh machine: start-up and graph memory into latest.json) even with no other step.
 # LWARM / QWARM (not in the default): last, the servers stopped and started again in the same
@@ -43,7 +45,8 @@ SAT="--rates inf --num-prompts 1000 --repeats 2"
 # the machine's speed (seen 2026-12-06: the runs around the rounds' boundary slower) would show on
 # a line expected at 0
 APPS="steer_all,ablate_all,probe_one,seal,cast"
-REC=""; [ "${RECORD_STEPS:-0}" = 1 ] && REC="--record-steps"
+SOPTS=""; [ "${RECORD_STEPS:-0}" = 1 ] && SOPTS="--record-steps"
+[ "${PIN_CPUS:-0}" = 1 ] && SOPTS="$SOPTS --pin-cpus"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 [ -f .gpu/bin/py-spy ] && chmod +x .gpu/bin/py-spy && export XMIX_PY_SPY=${XMIX_PY_SPY:-$PWD/.gpu/bin/py-spy}
 if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0.3; else LMEM=0.42; AA=""; QMEM=0.42; fi
@@ -54,7 +57,7 @@ if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0
 model() {
   local T=$1 M=$2 S=/root/xmix-serve/$3 MEM=$4 PRE=$5 t; t=$(echo "$1" | tr LQ lq); mkdir -p $S
   if has ${T}UP || has ${T}R16 || has ${T}SAT || has ${T}API || has ${T}WARM; then
-    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM $REC > $R/${t}start.log 2>&1; echo "rc=$?"
+    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM $SOPTS > $R/${t}start.log 2>&1; echo "rc=$?"
   fi
   echo ${T}UP
   if has ${T}R16; then
@@ -77,7 +80,7 @@ model() {
   $B serve stop --out $S > $R/${t}stop.log 2>&1
   if has ${T}WARM; then
     cp $S/servers.json $R/${t}servers_cold.json 2>/dev/null
-    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM $REC > $R/${t}start_warm.log 2>&1; echo "rc=$?"
+    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM $SOPTS > $R/${t}start_warm.log 2>&1; echo "rc=$?"
     cp $S/servers.json $R/${t}servers_warm.json 2>/dev/null
     $B serve stop --out $S >> $R/${t}stop.log 2>&1
   fi

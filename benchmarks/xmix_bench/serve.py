@@ -106,7 +106,7 @@ import urllib.request
 from . import common
 from .cpu_usage import CpuMeter
 from .cpu_usage import summary as cpu_summary
-from . import api_sample, engine_steps, profiled_server, server_metrics
+from . import api_sample, cpu_pinning, engine_steps, profiled_server, server_metrics
 
 HELP = "serving A/B with `vllm bench serve`: plain vLLM vs the plugin, each app on every request"
 K_CONFIGS = (16, 256)
@@ -179,6 +179,11 @@ def _server_options(q) -> None:
                    help="every server records each engine step it runs (engine_steps: schedule and update host "
                         "times, the step's output arrival, tokens) to <out>/steps_<server>/; rounds then attach "
                         "each run's step periods (decode, mixed <=512 / >512 tokens) to its record")
+    q.add_argument("--pin-cpus", action="store_true",
+                   help="each server, and the rounds' client, on whole physical CPU cores of its own "
+                        "(cpu_pinning.py: the first core to the client, the others dealt evenly to the servers, "
+                        "both hardware threads of each): the servers of a pair then run their host work under "
+                        "the same conditions; rounds of pinned servers are a workload of their own")
 
 
 def _round_options(q) -> None:
@@ -415,8 +420,10 @@ class Server:
     """One ``vllm serve`` started with setsid (its process group id is its pid)."""
 
     def __init__(self, name: str, port: int, log: str, pid: int, steps_dir: str | None = None,
-                 api_profile: str | None = None):
+                 api_profile: str | None = None, cpus: list[int] | None = None):
         self.name, self.port, self.log, self.pid = name, port, log, pid
+        #: the logical CPUs its processes are pinned to (``start --pin-cpus``), else None
+        self.cpus = cpus
         #: the folder its engine steps are recorded in (``start --record-steps``), else None
         self.steps_dir = steps_dir
         #: the path prefix of its API server's profiles (``start --profile-api``), else None
@@ -425,11 +432,13 @@ class Server:
 
     @classmethod
     def launch(cls, name: str, serving_dir: str, port: int, log: str, args: list[str], env: dict,
-               steps_dir: str | None = None, api_profile: str | None = None) -> "Server":
+               steps_dir: str | None = None, api_profile: str | None = None,
+               cpus: list[int] | None = None) -> "Server":
         """``steps_dir``: run ``vllm serve`` through :data:`RECORDED_SERVER` (the same arguments),
         recording its engine steps there (the folder is emptied first); ``api_profile``: the
         same launcher, its API server profiled by signal (``profiled_server.py``) into files
-        named ``<api_profile>.<k>`` (its folder is emptied first)."""
+        named ``<api_profile>.<k>`` (its folder is emptied first); ``cpus``: the logical CPUs the
+        server's processes run on (:func:`server_preexec`)."""
         serve_args = ["serve", serving_dir, "--port", str(port), "--host", "127.0.0.1", "--load-format", "dummy"]
         if steps_dir:
             shutil.rmtree(steps_dir, ignore_errors=True)
@@ -446,14 +455,14 @@ class Server:
         with open(log, "w") as f:
             # setsid in the child: the server outlives this command (the next commands run rounds)
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=common.REPO,
-                                    preexec_fn=os.setsid)
-        s = cls(name, port, log, proc.pid, steps_dir, api_profile)
+                                    preexec_fn=server_preexec(cpus))
+        s = cls(name, port, log, proc.pid, steps_dir, api_profile, cpus)
         s.proc = proc
         return s
 
     @classmethod
     def from_record(cls, r: dict) -> "Server":
-        return cls(r["name"], r["port"], r["log"], r["pid"], r.get("steps_dir"), r.get("api_profile"))
+        return cls(r["name"], r["port"], r["log"], r["pid"], r.get("steps_dir"), r.get("api_profile"), r.get("cpus"))
 
     def record(self) -> dict:
         out = {"name": self.name, "port": self.port, "log": self.log, "pid": self.pid}
@@ -461,6 +470,8 @@ class Server:
             out["steps_dir"] = self.steps_dir
         if self.api_profile:
             out["api_profile"] = self.api_profile
+        if self.cpus:
+            out["cpus"] = self.cpus
         return out
 
     def alive(self) -> bool:
@@ -515,6 +526,18 @@ class Server:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def server_preexec(cpus: list[int] | None):
+    """What a server's process runs before ``exec``: its own session (``setsid``: the server
+    outlives the command that started it, and its process group is its pid), and with ``cpus``
+    its CPU mask (inherited by the engine core and workers it starts)."""
+    def preexec() -> None:
+        os.setsid()
+        if cpus:
+            cpu_pinning.pin(cpus)
+
+    return preexec
 
 
 GRAPH_LINE = re.compile(r"Graph capturing finished in (\d+(?:\.\d+)?) secs, took (\d+(?:\.\d+)?) GiB")
@@ -620,6 +643,12 @@ def start(args, profiler: bool | None = None) -> dict:
         alt_env.update(ALT_VARIANTS[alt])
         plans += ((ALT_SERVER[0], args.port + ALT_SERVER[1], server_args + second_args, alt_env),)
         st["alt_variants"] = {"mode": alt, "env": ALT_VARIANTS[alt]}
+    if getattr(args, "pin_cpus", False):  # (over every planned server: a start of some of them keeps the shares)
+        try:
+            client, shares = cpu_pinning.partition(cpu_pinning.physical_cores(), len(plans))
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+        st["pin_cpus"] = {"client": client, "servers": {p[0]: c for p, c in zip(plans, shares)}}
     wanted = [n for n in dict.fromkeys(getattr(args, "servers", "").split(",")) if n]
     if wanted:
         unknown = sorted(set(wanted) - {p[0] for p in plans})
@@ -633,7 +662,7 @@ def start(args, profiler: bool | None = None) -> dict:
         # must have served the same model and deployment the same way
         kept = {n: r for n, r in (old or {}).get("servers", {}).items() if n not in wanted}
         setup = ("model", "apps", "second", "fused_writes", "server_args", "xmix_env", "profiler", "record_steps",
-                 "profile_api", "card")
+                 "profile_api", "card", "pin_cpus")
         differ = [k for k in setup if kept and old.get(k) != st.get(k)]
         if differ:
             raise SystemExit(f"{out}: the servers started there before ({', '.join(kept)}) ran with other settings "
@@ -651,7 +680,8 @@ def start(args, profiler: bool | None = None) -> dict:
                 env, cache = server_caches(out, name, env)
             s = Server.launch(name, serving, port, os.path.join(out, f"{name}.log"), sargs, env,
                               steps_dir=os.path.join(out, f"steps_{name}") if record_steps else None,
-                              api_profile=os.path.join(out, f"api_profile_{name}", "prof") if profile_api else None)
+                              api_profile=os.path.join(out, f"api_profile_{name}", "prof") if profile_api else None,
+                              cpus=(st.get("pin_cpus") or {}).get("servers", {}).get(name))
             launched.append(s)
             st["servers"][name] = dict(s.record(), compile_cache=cache)
             common.write_json(os.path.join(out, STATE), st)  # a cut start-up still knows what to stop
@@ -843,6 +873,8 @@ def rounds(args) -> int:
     servers = {n: Server.from_record(st["servers"][n]) for n in up}
     for s in servers.values():
         s.wait(args.wait)
+    if st.get("pin_cpus"):  # the client (this process, its meters and samplers) on the cores start left it
+        cpu_pinning.pin(st["pin_cpus"]["client"])
     all_configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False),
                               (st.get("alt_variants") or {}).get("mode"))
     down = sorted(n for n, (srv, _) in all_configs.items() if srv not in servers)
@@ -880,6 +912,8 @@ def rounds(args) -> int:
         configs = selected_configs(configs, args.configs)
     configs = {n: c for n, c in configs.items() if c[0] in servers}  # (vanilla too, where its server is down)
     dataset_args, title = _dataset(args, st)
+    if st.get("pin_cpus"):
+        title += ", each server and the client on physical CPU cores of their own"
     rates = args.rates.split(",")
     write_sweep_files(os.path.join(out, "sweep"), st, dataset_args, configs, rates, args.num_prompts)
     res_path = os.path.join(out, "results.json")
