@@ -5,7 +5,7 @@ Two servers measured side by side share the host's CPUs with each other and with
 client. Where the OS puts a server's busy threads (an API server's event loop, an engine core's
 busy loop) on the two hardware threads of one physical core, or beside the other server's, that
 server's host work runs slower for as long as the placement lasts, which can be the server's
-whole life: vLLM's own ``Scheduler.schedule``, which the plugin does not wrap, has run 20-30%
+whole life: vLLM's own ``Scheduler.schedule``, which the plugin does not wrap, has run 9-35%
 longer in one server of a pair than in the other through a whole run sequence, apps off
 included (benchmarks/RESULTS.md), and host time is step time in the steps that carry prompts.
 Pinning gives each server, and the client, cores of its own (both hardware threads of each), so
