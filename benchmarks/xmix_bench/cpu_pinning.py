@@ -7,9 +7,10 @@ busy loop) on the two hardware threads of one physical core, or beside the other
 server's host work runs slower for as long as the placement lasts, which can be the server's
 whole life: vLLM's own ``Scheduler.schedule``, which the plugin does not wrap, has run 9-35%
 longer in one server of a pair than in the other through a whole run sequence, apps off
-included (benchmarks/RESULTS.md), and host time is step time in the steps that carry prompts.
-Pinning gives each server, and the client, cores of its own (both hardware threads of each), so
-the servers of a pair run their host work under the same conditions.
+included (benchmarks/RESULTS.md), a difference such placement would make, and host time is step
+time in the steps that carry prompts. Pinning gives each server, and the client, cores of its own
+(both hardware threads of each), so the servers of a pair run their host work under the same
+conditions and a difference left between them is not the placement's.
 
 :func:`physical_cores` reads the topology from sysfs (``/sys/devices/system/cpu/cpuN/topology``);
 :func:`partition` splits the cores; :func:`pin` is what a server's process runs before ``exec``
