@@ -234,6 +234,12 @@ def _safetensors_b64(arr) -> str:
 
 def test_refusals_are_4xx_naming_the_field_and_the_server_serves_on(server, hf):
     url, model = server
+    # the capacity and added-app checks below need newapp on the server (the streaming test
+    # adds it; run alone or on another worker, this test adds it itself)
+    _, listed = call(url, "/v1/mi/apps", key=None)
+    if "newapp" not in {a["name"] for a in listed["data"]}:
+        status, added = call(url, "/v1/mi/apps", app_json("newapp", NEW_OPS))
+        assert status == 201, added
     good = {"ops": happy_ops(V_HAPPY)}
     cases = [
         # (path, body or raw bytes, key, status, message part)
