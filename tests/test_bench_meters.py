@@ -310,8 +310,10 @@ def test_step_summary_periods_groups_idle_gap_and_a_full_file(tmp_path):
     # from the previous step's t3 to this one's t0 where positive (idle gaps too; a file's first row has none)
     assert (s["between_ms_median"], s["between_ms_sum"]) == (approx(0.05), approx(979.5 + 0.1)), s
     assert s["unscheduled_steps"] == 0, s
-    assert s["decode"] == approx({"n": 3, "period_ms_median": 5.1, "period_ms_p90": 5.82, "period_ms_mean": 5.0333,
-                                  "tokens_median": 3.0, "schedule_ms_median": 0.5, "update_ms_median": 1.0}, abs=1e-3)
+    assert s["decode"] == approx({"n": 3, "period_ms_median": 5.1, "period_ms_p90": 5.82, "period_ms_p99": 5.982,
+                                  "period_ms_mean": 5.0333, "tokens_median": 3.0, "schedule_ms_median": 0.5,
+                                  "update_ms_median": 1.0, "long_n": 0, "long_excess_ms": 0.0,
+                                  "long_schedule_ms_median": None, "long_update_ms_median": None}, abs=1e-3)
     assert (s["mixed_le512"]["n"], s["mixed_le512"]["period_ms_median"], s["mixed_le512"]["tokens_median"]) == (
         1, approx(8.0), 40.0)
     assert (s["mixed_gt512"]["n"], s["mixed_gt512"]["period_ms_median"]) == (1, approx(4.0))
@@ -345,6 +347,33 @@ def test_step_summary_periods_groups_idle_gap_and_a_full_file(tmp_path):
     u = m.stop()
     assert (u["steps"], u["unscheduled_steps"], u["decode"]["n"]) == (2, 1, 1), u
     assert u["period_sum_ms"] == approx(5.0) and u["window_s"] == approx(0.011), u
+
+
+def test_a_groups_long_steps_are_counted_with_their_host_times_and_the_rows_saved(tmp_path):
+    """The tail of a group: steps longer than twice its median, the time they add above it and
+    their own schedule() / update_from_output() host times; the run's rows saved for a look at
+    single steps (ms from the run's first t0)."""
+    import numpy as np
+
+    from benchmarks.xmix_bench import engine_steps
+
+    meter = engine_steps.StepMeter(str(tmp_path))
+    # idle gaps between the steps: each period is t2 - t0
+    _steps_rows(tmp_path, 7, [(0.0, 0.0005, 0.005, 0.0051, 4, 4), (1.0, 1.0005, 1.005, 1.0051, 4, 4),
+                              (2.0, 2.0005, 2.005, 2.0051, 4, 4), (3.0, 3.012, 3.020, 3.023, 4, 4)])
+    npz = str(tmp_path / "run_steps.npz")
+    s = meter.stop(save_to=npz)
+    d = s["decode"]
+    assert (d["n"], d["period_ms_median"], d["long_n"]) == (4, pytest.approx(5.0), 1), d
+    assert d["long_excess_ms"] == pytest.approx(15.0) and d["period_ms_mean"] == pytest.approx(8.75), d
+    assert (d["long_schedule_ms_median"], d["long_update_ms_median"]) == (pytest.approx(12.0), pytest.approx(3.0)), d
+    assert d["schedule_ms_median"] == pytest.approx(0.5), d  # (the group's: the tail's step does not move it)
+    saved = np.load(npz)
+    assert sorted(saved.files) == ["e0", "e0_prev"] and np.isnan(saved["e0_prev"]).all()
+    rows = saved["e0"]
+    assert rows.dtype == np.float32 and rows.shape == (4, 6)
+    np.testing.assert_allclose(rows[3], [3000.0, 3012.0, 3020.0, 3023.0, 4, 4], atol=2e-3)
+    np.testing.assert_allclose(rows[:, 2] - rows[:, 0], [5.0, 5.0, 5.0, 20.0], atol=2e-3)
 
 
 def test_step_recorder_forgets_its_file_in_a_forked_child(tmp_path):

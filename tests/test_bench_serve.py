@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -142,6 +143,10 @@ def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
         assert len({r["output_tokens"] for r in runs}) == 1 and 6 * 4 <= runs[0]["output_tokens"] <= 6 * 12, runs
         for r in runs:
             assert r["rate"] == "16" and r["cpu"]["api_server"]["cpu_s"] > 0 and r["engine_steps"]["tokens"] > 0, r
+            # the run's rows beside its result: as many steps and tokens as its summary counts
+            saved = np.load(os.path.join(out, "runs", f"{r['config']}_r16_1_steps.npz"))
+            rows = np.concatenate([saved[k] for k in saved.files if not k.endswith("_prev")])
+            assert len(rows) == r["engine_steps"]["steps"] and rows[:, 4].sum() == r["engine_steps"]["tokens"], r
         lines = json.load(open(latest))["models"]["cfg"]
         assert set(lines["serve"]) == {"inactive", "steer_all", "probe_one"}, lines["serve"].keys()
         assert set(lines["calibration"]) == {"aa_plain"}  # the A/A line: no budget line of its own

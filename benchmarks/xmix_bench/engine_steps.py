@@ -238,9 +238,15 @@ def summarize(blocks: list[tuple[object, object]]) -> dict:
     "schedule_ms_median", "update_ms_median", "decode", "mixed_le512", "mixed_gt512"}``: counts,
     the total tokens, the sum of the non-empty steps' periods (ms), the seconds from the first
     step's ``t0`` to the last one's ``t3``, the median host times of every non-empty step (ms),
-    and per group ``{"n", "period_ms_median", "period_ms_p90", "period_ms_mean",
-    "tokens_median", "schedule_ms_median", "update_ms_median"}`` (``{"n": 0}`` for an empty
-    group). Steps are in the module docstring's terms."""
+    and per group ``{"n", "period_ms_median", "period_ms_p90", "period_ms_p99", "period_ms_mean",
+    "tokens_median", "schedule_ms_median", "update_ms_median", "long_n", "long_excess_ms",
+    "long_schedule_ms_median", "long_update_ms_median"}`` (``{"n": 0}`` for an empty group). The
+    ``long_*`` keys describe the group's tail: its steps whose period is more than twice the
+    group's median (``long_n``), the time they add above that median (``long_excess_ms``, summed:
+    what separates the group's mean from its median), and their median host times in
+    ``schedule()`` / ``update_from_output()`` (None without such a step), which tell a tail of
+    long host phases from one whose time lies elsewhere (the device, the model runner's host
+    work, the engine core between steps). Steps are in the module docstring's terms."""
     import numpy as np
 
     rows, periods, betweens, engines = [], [], [], 0
@@ -279,10 +285,15 @@ def summarize(blocks: list[tuple[object, object]]) -> dict:
         if not n:
             out[name] = {"n": 0}
             continue
-        p = period[sel]
-        out[name] = {"n": n, "period_ms_median": _ms(np.median(p)), "period_ms_p90": _ms(np.percentile(p, 90)),
+        p, med = period[sel], float(np.median(period[sel]))
+        long = p > 2 * med
+        out[name] = {"n": n, "period_ms_median": _ms(med), "period_ms_p90": _ms(np.percentile(p, 90)),
+                     "period_ms_p99": _ms(np.percentile(p, 99)),
                      "period_ms_mean": _ms(p.mean()), "tokens_median": float(np.median(tokens[sel])),
-                     "schedule_ms_median": _ms(np.median(sched[sel])), "update_ms_median": _ms(np.median(upd[sel]))}
+                     "schedule_ms_median": _ms(np.median(sched[sel])), "update_ms_median": _ms(np.median(upd[sel])),
+                     "long_n": int(long.sum()), "long_excess_ms": _ms((p[long] - med).sum()),
+                     "long_schedule_ms_median": _ms(np.median(sched[sel][long])) if long.any() else None,
+                     "long_update_ms_median": _ms(np.median(upd[sel][long])) if long.any() else None}
     return out
 
 
@@ -308,8 +319,10 @@ class StepMeter:
             except (OSError, ValueError):
                 continue
 
-    def stop(self, requests: int | None = None) -> dict:
-        """``requests``: how many requests the run completed (named in the error)."""
+    def stop(self, requests: int | None = None, save_to: str | None = None) -> dict:
+        """``requests``: how many requests the run completed (named in the error); ``save_to``: a
+        ``.npz`` path the run's rows also go to (:func:`save_rows`), for a look at single steps
+        the summary does not keep."""
         files = _files(self.dir)
         if not files:
             why = (f"no steps.*.bin in {self.dir}: the engine core did not record; was the server started "
@@ -331,6 +344,8 @@ class StepMeter:
                 prev = read_rows(path, a - 1, a)[0] if a > 0 else None
                 blocks.append((read_rows(path, a, count), prev))
         out = summarize(blocks)
+        if save_to and out["steps"]:
+            save_rows(save_to, blocks)
         if not out["steps"]:
             while_ = f" while the run completed {requests} requests" if requests else ""
             why = f"no row added to {len(files)} step file(s) in {self.dir}{while_}"
@@ -342,6 +357,27 @@ class StepMeter:
             out["warning"] = (f"step file(s) {', '.join(full)} full: recording stopped there, later steps are "
                               f"missing")
         return out
+
+
+def save_rows(path: str, blocks: list[tuple[object, object]]) -> None:
+    """The rows of ``blocks`` (:func:`summarize`'s argument) in a compressed ``.npz``: per engine
+    ``e<i>`` a float32 array (k, 6) of ``t0, t1, t2, t3`` in ms from the first row's ``t0`` (or
+    ``t2`` where ``t0`` is NaN) of all blocks, then tokens and requests, and ``e<i>_prev``: the
+    row before them the same way (NaN without one). float32 keeps a microsecond over ~16 s from
+    the origin and ~2 us over a 30-s run."""
+    import numpy as np
+
+    arrays = [np.asarray(r, dtype=float).reshape(-1, 6) for r, _ in blocks]
+    starts = [a[0, 0] if not np.isnan(a[0, 0]) else a[0, 2] for a in arrays if len(a)]
+    origin = min(starts) if starts else 0.0
+    out = {}
+    for i, ((_, prev), a) in enumerate(zip(blocks, arrays)):
+        for key, rows in ((f"e{i}", a), (f"e{i}_prev", np.full((1, 6), np.nan) if prev is None
+                                         else np.asarray(prev, dtype=float).reshape(1, 6))):
+            rows = rows.copy()
+            rows[:, :4] = (rows[:, :4] - origin) * 1e3
+            out[key] = rows.astype(np.float32)
+    np.savez_compressed(path, **out)
 
 
 # ------------------------------------------------------------------------------ reporting

@@ -774,7 +774,7 @@ def bench(server: Server, st: dict, dataset_args: list[str], rate: str, n: int, 
                 print(f"[serve] {result}: the API-server sampler failed too: {e}", file=sys.stderr)
     res["cpu"] = meter.stop(active_s=res.get("duration"))  # fractions of the benchmark's own duration
     if steps is not None:
-        res["engine_steps"] = steps.stop(requests=res.get("completed"))
+        res["engine_steps"] = steps.stop(requests=res.get("completed"), save_to=os.path.splitext(result)[0] + "_steps.npz")
     res["server_metrics"] = parts.stop(expect=res.get("completed"))
     if res.get("completed", n) != n:
         raise RuntimeError(f"{result}: only {res.get('completed')} of {n} requests completed")
