@@ -52,8 +52,14 @@ def test_servers_get_equal_whole_cores_and_the_client_the_rest():
 
 
 def test_too_few_cores_is_refused_naming_what_is_there():
-    with pytest.raises(ValueError, match=r"2 physical core\(s\) available \(0\+2, 1\+3\), 4 needed \(3 server"):
+    with pytest.raises(ValueError, match=r"2 physical core\(s\) available \(0\+2, 1\+3\), 7 needed \(3 server\(s\) "
+                                         r"at 2 each and the client at 1\)"):
         cpu_pinning.partition([(0, 2), (1, 3)], 3)
+    # a server gets two cores at least (its API server's and its engine core's busy threads)
+    six = [(c, c + 6) for c in range(6)]
+    with pytest.raises(ValueError, match="6 physical core"):
+        cpu_pinning.partition(six, 3)
+    assert [len(s) for s in cpu_pinning.partition(six, 2)[1]] == [4, 4]
 
 
 def test_a_server_process_runs_on_its_cpus():
@@ -83,5 +89,5 @@ def test_serve_start_refuses_pinning_without_the_cores_and_starts_nothing(tmp_pa
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
                        preexec_fn=lambda: os.sched_setaffinity(0, one))
     assert r.returncode != 0
-    assert "--pin-cpus: 1 physical core(s) available" in r.stderr and "4 needed (3 server(s)" in r.stderr, r.stderr[-2000:]
+    assert "--pin-cpus: 1 physical core(s) available" in r.stderr and "7 needed (3 server(s)" in r.stderr, r.stderr[-2000:]
     assert not list(out.glob("*.log"))  # no server was started

@@ -42,19 +42,27 @@ def physical_cores(cpus: set[int] | None = None, sys_cpu: str = SYS_CPU) -> list
     return sorted((tuple(g) for g in groups.values()), key=lambda g: g[0])
 
 
-def partition(cores: list[tuple[int, ...]], n_servers: int, client_cores: int = 1) -> tuple[list[int], list[list[int]]]:
+#: physical cores a server gets at least: its API server's event loop and its engine core's busy
+#: loop are two busy threads, which on one core would share its hardware threads
+MIN_SERVER_CORES = 2
+
+
+def partition(cores: list[tuple[int, ...]], n_servers: int, client_cores: int = 1,
+              min_server_cores: int = MIN_SERVER_CORES) -> tuple[list[int], list[list[int]]]:
     """``(client CPUs, [CPUs of server i])``: the first ``client_cores`` physical cores to the
     client, the rest dealt out whole and evenly, in order, to the servers (a remainder goes to
     the client: no server gets more than another).
 
     Raises:
-        ValueError: fewer than ``client_cores + n_servers`` physical cores (naming both)."""
-    if n_servers < 1 or client_cores < 1:
-        raise ValueError(f"partition: n_servers ({n_servers}) and client_cores ({client_cores}) must be >= 1")
-    need = client_cores + n_servers
+        ValueError: fewer than ``client_cores + n_servers * min_server_cores`` physical cores
+        (naming both)."""
+    if n_servers < 1 or client_cores < 1 or min_server_cores < 1:
+        raise ValueError(f"partition: n_servers ({n_servers}), client_cores ({client_cores}) and min_server_cores "
+                         f"({min_server_cores}) must be >= 1")
+    need = client_cores + n_servers * min_server_cores
     if len(cores) < need:
         raise ValueError(f"--pin-cpus: {len(cores)} physical core(s) available ({_text(cores)}), {need} needed "
-                         f"({n_servers} server(s) and the client, one core each at least)")
+                         f"({n_servers} server(s) at {min_server_cores} each and the client at {client_cores})")
     per = (len(cores) - client_cores) // n_servers
     servers = [cores[client_cores + i * per: client_cores + (i + 1) * per] for i in range(n_servers)]
     client = cores[:client_cores] + cores[client_cores + n_servers * per:]
