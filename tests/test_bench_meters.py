@@ -369,11 +369,31 @@ def test_a_groups_long_steps_are_counted_with_their_host_times_and_the_rows_save
     assert (d["long_schedule_ms_median"], d["long_update_ms_median"]) == (pytest.approx(12.0), pytest.approx(3.0)), d
     assert d["schedule_ms_median"] == pytest.approx(0.5), d  # (the group's: the tail's step does not move it)
     saved = np.load(npz)
-    assert sorted(saved.files) == ["e0", "e0_prev"] and np.isnan(saved["e0_prev"]).all()
+    assert sorted(saved.files) == ["e0", "e0_prev", "files"] and np.isnan(saved["e0_prev"]).all()
+    assert list(saved["files"]) == ["steps.7.bin"]
     rows = saved["e0"]
-    assert rows.dtype == np.float32 and rows.shape == (4, 6)
-    np.testing.assert_allclose(rows[3], [3000.0, 3012.0, 3020.0, 3023.0, 4, 4], atol=2e-3)
-    np.testing.assert_allclose(rows[:, 2] - rows[:, 0], [5.0, 5.0, 5.0, 20.0], atol=2e-3)
+    assert rows.dtype == np.float64 and rows.shape == (4, 6)
+    np.testing.assert_allclose(rows[3], [3000.0, 3012.0, 3020.0, 3023.0, 4, 4], atol=1e-6)
+    np.testing.assert_allclose(rows[:, 2] - rows[:, 0], [5.0, 5.0, 5.0, 20.0], atol=1e-6)
+
+    # two engines' files, one with a row before the run: one origin (the earliest first t0), the
+    # row before kept, each block named by its file; a run without steps leaves no old file behind
+    two = tmp_path / "two"
+    two.mkdir()
+    w = _steps_rows(two, 11, [(10.0, 10.001, 10.004, 10.005, 2, 2)])
+    meter = engine_steps.StepMeter(str(two))
+    w.append(10.010, 10.011, 10.014, 10.015, 2, 2)
+    _steps_rows(two, 12, [(10.002, 10.003, 10.009, 10.010, 30, 1)])
+    npz2 = str(tmp_path / "two_steps.npz")
+    assert meter.stop(save_to=npz2)["steps"] == 2
+    saved = np.load(npz2)
+    assert list(saved["files"]) == ["steps.11.bin", "steps.12.bin"]
+    np.testing.assert_allclose(saved["e0"][0, :4], [8.0, 9.0, 12.0, 13.0], atol=1e-6)  # ms from t0 = 10.002 s
+    np.testing.assert_allclose(saved["e0_prev"][0, :4], [-2.0, -1.0, 2.0, 3.0], atol=1e-6)
+    np.testing.assert_allclose(saved["e1"][0, :4], [0.0, 1.0, 7.0, 8.0], atol=1e-6)
+    assert np.isnan(saved["e1_prev"]).all()
+    assert "error" in engine_steps.StepMeter(str(two)).stop(save_to=npz2)  # (nothing new)
+    assert not os.path.exists(npz2)
 
 
 def test_step_recorder_forgets_its_file_in_a_forked_child(tmp_path):

@@ -18,7 +18,7 @@
 # RECORD_STEPS=1: the servers record every engine step they run (`serve start --record-steps`:
 # each run's decode and prefill-carrying step periods and the scheduler's host time in results.json).
 # PIN_CPUS=1: each server and the client on physical CPU cores of their own (`serve start
-# --pin-cpus`; its rounds are a workload of their own in results.json and latest.json).
+# --pin-cpus`; pinned rounds pair only with pinned rounds, and their workload says so).
 # LUP / QUP (not in the default): the model's servers started (each on compile caches of its own,
 # cold on a fresh machine: start-up and graph memory into latest.json) even with no other step.
 # LWARM / QWARM (not in the default): last, the servers stopped and started again in the same

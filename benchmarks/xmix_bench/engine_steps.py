@@ -54,12 +54,18 @@ and :func:`summarize` of them:
   decode step counts as mixed), ``mixed_le512`` (tokens > requests, tokens <= 512: the
   CUDA-graph range of vLLM's default capture sizes), ``mixed_gt512`` (tokens > 512), and steps
   that scheduled no token (``empty_steps``: counted, no group);
-* per group: ``n``, the period's median, p90 and mean (ms), the median tokens, the median host
-  time of ``schedule()`` (``t1 - t0``) and of ``update_from_output()`` (``t3 - t2``) (ms).
+* per group: ``n``, the period's median, p90, p99 and mean (ms), the median tokens, the median
+  host time of ``schedule()`` (``t1 - t0``) and of ``update_from_output()`` (``t3 - t2``) (ms),
+  and its long steps (period above twice the group's median): how many, the time above the
+  median they carry, and their own median host times (:func:`summarize`).
+
+:meth:`StepMeter.stop` with ``save_to`` also writes the run's rows (:func:`save_rows`), for a
+look at single steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import mmap
@@ -242,8 +248,8 @@ def summarize(blocks: list[tuple[object, object]]) -> dict:
     "tokens_median", "schedule_ms_median", "update_ms_median", "long_n", "long_excess_ms",
     "long_schedule_ms_median", "long_update_ms_median"}`` (``{"n": 0}`` for an empty group). The
     ``long_*`` keys describe the group's tail: its steps whose period is more than twice the
-    group's median (``long_n``), the time they add above that median (``long_excess_ms``, summed:
-    what separates the group's mean from its median), and their median host times in
+    group's median (``long_n``), the time above that median they carry (``long_excess_ms``,
+    summed), and their median host times in
     ``schedule()`` / ``update_from_output()`` (None without such a step), which tell a tail of
     long host phases from one whose time lies elsewhere (the device, the model runner's host
     work, the engine core between steps). Steps are in the module docstring's terms."""
@@ -322,13 +328,16 @@ class StepMeter:
     def stop(self, requests: int | None = None, save_to: str | None = None) -> dict:
         """``requests``: how many requests the run completed (named in the error); ``save_to``: a
         ``.npz`` path the run's rows also go to (:func:`save_rows`), for a look at single steps
-        the summary does not keep."""
+        the summary does not keep (an earlier file of that name is removed either way)."""
+        if save_to:
+            with contextlib.suppress(FileNotFoundError):  # (an earlier run's file of that name is not this run's)
+                os.remove(save_to)
         files = _files(self.dir)
         if not files:
             why = (f"no steps.*.bin in {self.dir}: the engine core did not record; was the server started "
                    f"with --record-steps, through benchmarks.xmix_bench.recorded_server?")
             return {"error": f"no engine steps recorded ({why})"}
-        blocks, full, bad = [], [], []
+        blocks, paths, full, bad = [], [], [], []
         for path in files:
             try:
                 count, is_full, capacity = read_header(path)
@@ -343,9 +352,10 @@ class StepMeter:
             if count > a:
                 prev = read_rows(path, a - 1, a)[0] if a > 0 else None
                 blocks.append((read_rows(path, a, count), prev))
+                paths.append(path)
         out = summarize(blocks)
         if save_to and out["steps"]:
-            save_rows(save_to, blocks)
+            save_rows(save_to, blocks, [os.path.basename(p) for p in paths])
         if not out["steps"]:
             while_ = f" while the run completed {requests} requests" if requests else ""
             why = f"no row added to {len(files)} step file(s) in {self.dir}{while_}"
@@ -359,24 +369,24 @@ class StepMeter:
         return out
 
 
-def save_rows(path: str, blocks: list[tuple[object, object]]) -> None:
-    """The rows of ``blocks`` (:func:`summarize`'s argument) in a compressed ``.npz``: per engine
-    ``e<i>`` a float32 array (k, 6) of ``t0, t1, t2, t3`` in ms from the first row's ``t0`` (or
-    ``t2`` where ``t0`` is NaN) of all blocks, then tokens and requests, and ``e<i>_prev``: the
-    row before them the same way (NaN without one). float32 keeps a microsecond over ~16 s from
-    the origin and ~2 us over a 30-s run."""
+def save_rows(path: str, blocks: list[tuple[object, object]], files: list[str]) -> None:
+    """The rows of ``blocks`` (:func:`summarize`'s argument; ``files``: the step file each block
+    comes from, its basename ``steps.<pid>.bin``) in a compressed ``.npz``: per block ``e<i>`` a
+    float64 array (k, 6) of ``t0, t1, t2, t3`` in ms from the earliest first row's ``t0`` (or
+    ``t2`` where ``t0`` is NaN) of all blocks, then tokens and requests; ``e<i>_prev`` the row
+    before them the same way (NaN without one); ``files`` the step files, block by block."""
     import numpy as np
 
     arrays = [np.asarray(r, dtype=float).reshape(-1, 6) for r, _ in blocks]
     starts = [a[0, 0] if not np.isnan(a[0, 0]) else a[0, 2] for a in arrays if len(a)]
     origin = min(starts) if starts else 0.0
-    out = {}
+    out = {"files": np.array(files)}
     for i, ((_, prev), a) in enumerate(zip(blocks, arrays)):
         for key, rows in ((f"e{i}", a), (f"e{i}_prev", np.full((1, 6), np.nan) if prev is None
                                          else np.asarray(prev, dtype=float).reshape(1, 6))):
             rows = rows.copy()
             rows[:, :4] = (rows[:, :4] - origin) * 1e3
-            out[key] = rows.astype(np.float32)
+            out[key] = rows
     np.savez_compressed(path, **out)
 
 

@@ -21,7 +21,9 @@ Actions (so that short GPU access counts: start the servers once, run rounds in 
   server's caches are ``cold`` at its first start in ``--out`` and ``warm`` at a later one
   (``serve stop``, then ``start`` again: both servers warm); servers.json and latest.json record
   which, and the report judges the start-up line only where both servers' caches were alike.
-  ``--shared-caches`` keeps the environment's caches (recorded as ``shared``).
+  ``--shared-caches`` keeps the environment's caches (recorded as ``shared``). ``--pin-cpus``
+  puts each server, and the client of the rounds, on whole physical cores of its own
+  (``cpu_pinning.py``; the split in servers.json).
 * ``rounds``: against the running servers: for each ``--rates`` rate, ``--warmup`` discarded
   rounds, then ``--repeats`` rounds; in each round every configuration once (vanilla, inactive,
   app1, app2, ..., and with ``--order abba``, the default, the even-numbered rounds of the
@@ -181,9 +183,10 @@ def _server_options(q) -> None:
                         "each run's step periods (decode, mixed <=512 / >512 tokens) to its record")
     q.add_argument("--pin-cpus", action="store_true",
                    help="each server, and the rounds' client, on whole physical CPU cores of its own "
-                        "(cpu_pinning.py: the first core to the client, the others dealt evenly to the servers, "
-                        "both hardware threads of each): the servers of a pair then run their host work under "
-                        "the same conditions; rounds of pinned servers are a workload of their own")
+                        "(cpu_pinning.py: of the CPUs this command may use, the first core to the client, the "
+                        "others dealt evenly to the servers, two at least each, every hardware thread of each): "
+                        "the servers of a pair then run their host work under the same conditions; pinned rounds "
+                        "pair only with pinned rounds, and their workload in latest.json says so")
 
 
 def _round_options(q) -> None:
@@ -591,6 +594,13 @@ def start(args, profiler: bool | None = None) -> dict:
     if old and any(Server.from_record(old["servers"][n]).alive()
                    for n in (old.get("up") or list(old["servers"])) if n in old["servers"]):
         raise SystemExit(f"{out}: servers of an earlier start are still running (serve stop --out {args.out})")
+    split = None
+    if getattr(args, "pin_cpus", False):  # (before anything is written: a refused split leaves --out as it was)
+        n_planned = 2 + len(control_kinds(args.control)) + (1 if getattr(args, "alt_variants", None) else 0)
+        try:
+            split = cpu_pinning.partition(cpu_pinning.physical_cores(), n_planned)
+        except cpu_pinning.PinningError as e:
+            raise SystemExit(str(e)) from None
     cfg = common.load_config(args.model)
     serving = build_serving_dir(args.model, os.path.join(out, "model"))
     apps = common.serving_apps(cfg, os.path.join(out, "vectors"))
@@ -643,11 +653,9 @@ def start(args, profiler: bool | None = None) -> dict:
         alt_env.update(ALT_VARIANTS[alt])
         plans += ((ALT_SERVER[0], args.port + ALT_SERVER[1], server_args + second_args, alt_env),)
         st["alt_variants"] = {"mode": alt, "env": ALT_VARIANTS[alt]}
-    if getattr(args, "pin_cpus", False):  # (over every planned server: a start of some of them keeps the shares)
-        try:
-            client, shares = cpu_pinning.partition(cpu_pinning.physical_cores(), len(plans))
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
+    if split is not None:  # (over every planned server: a start of some of them keeps the shares)
+        client, shares = split
+        assert len(shares) == len(plans), (len(shares), [p[0] for p in plans])
         st["pin_cpus"] = {"client": client, "servers": {p[0]: c for p, c in zip(plans, shares)}}
     wanted = [n for n in dict.fromkeys(getattr(args, "servers", "").split(",")) if n]
     if wanted:
@@ -874,7 +882,11 @@ def rounds(args) -> int:
     for s in servers.values():
         s.wait(args.wait)
     if st.get("pin_cpus"):  # the client (this process, its meters and samplers) on the cores start left it
-        cpu_pinning.pin(st["pin_cpus"]["client"])
+        try:
+            cpu_pinning.pin(st["pin_cpus"]["client"])
+        except cpu_pinning.PinningError as e:
+            raise SystemExit(f"{out}/{STATE}: the servers were started with --pin-cpus, and the client's CPUs "
+                             f"cannot be taken here: {e}") from None
     all_configs = configs_for(st["apps"], st.get("second", "xmix"), st.get("control", False),
                               (st.get("alt_variants") or {}).get("mode"))
     down = sorted(n for n, (srv, _) in all_configs.items() if srv not in servers)
