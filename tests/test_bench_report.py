@@ -414,3 +414,19 @@ def test_decode_compare_carries_the_card_into_latest(tmp_path):
         assert "decode lines of Llama-3.1-8B for steer_all" in out, out
         entry = json.loads(latest.read_text())["models"][MODEL]["decode"]["steer_all"]
         assert entry.get("card") == want and entry["batch"]["1"]["ratio"] == pytest.approx(1.02), entry
+
+
+def test_a_round_whose_vanilla_metric_is_zero_gives_that_metric_no_ratio():
+    """A tiny run can get every request's tokens in one chunk (mean ITL 0): that round gives
+    the metric no ratio (no division by 0), the other rounds still do, and a metric with none
+    left is omitted, which the report shows as not measured."""
+    def run(itl, ttft):
+        return {"result": {"mean_itl_ms": itl, "p99_itl_ms": itl, "mean_ttft_ms": ttft, "total_token_throughput": 100.0}}
+
+    by = {"vanilla": {1: run(0.0, 10.0), 2: run(2.0, 10.0)}, "steer_all": {1: run(1.0, 11.0), 2: run(3.0, 12.0)}}
+    got = common.serve_ratios(by)["steer_all"]
+    assert got["mean_itl"] == {"ratio": 1.5, "min": 1.5, "max": 1.5, "n": 1}
+    assert got["mean_ttft"]["n"] == 2 and got["mean_ttft"]["ratio"] == 1.15 and got["rounds"] == 2
+    by["vanilla"][2] = run(0.0, 10.0)
+    got = common.serve_ratios(by)["steer_all"]
+    assert "mean_itl" not in got and "p99_itl" not in got and got["throughput"]["ratio"] == 1.0

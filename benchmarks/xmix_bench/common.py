@@ -458,14 +458,20 @@ def serve_groups(runs: list[dict]) -> dict:
 
 def serve_ratios(by_config: dict) -> dict:
     """For one (rate, title) group: per configuration other than vanilla, each metric's ratio to
-    vanilla paired by round (only rounds with both runs), as latest.json stores it."""
+    vanilla paired by round (only rounds with both runs), as latest.json stores it. A round
+    whose vanilla value of a metric is 0 (a tiny run whose every request's tokens came in one
+    chunk: no inter-token gap) gives that metric no ratio; a metric left with none is omitted
+    (the report shows it as not measured)."""
     base = by_config.get("vanilla", {})
     out = {}
     for cfg, rounds in by_config.items():
         common = sorted(set(rounds) & set(base))
         if cfg == "vanilla" or not common:
             continue
-        out[cfg] = {lk: paired_ratio([rounds[i]["result"][k] for i in common], [base[i]["result"][k] for i in common])
-                    for k, _, lk in SERVE_METRICS}
+        out[cfg] = {}
+        for k, _, lk in SERVE_METRICS:
+            ok = [i for i in common if base[i]["result"][k]]
+            if ok:
+                out[cfg][lk] = paired_ratio([rounds[i]["result"][k] for i in ok], [base[i]["result"][k] for i in ok])
         out[cfg]["rounds"] = len(common)
     return out
