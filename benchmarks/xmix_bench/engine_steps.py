@@ -291,7 +291,8 @@ def summarize(blocks: list[tuple[object, object]]) -> dict:
         if not n:
             out[name] = {"n": 0}
             continue
-        p, med = period[sel], float(np.median(period[sel]))
+        p = period[sel]
+        med = float(np.median(p))
         long = p > 2 * med
         out[name] = {"n": n, "period_ms_median": _ms(med), "period_ms_p90": _ms(np.percentile(p, 90)),
                      "period_ms_p99": _ms(np.percentile(p, 99)),

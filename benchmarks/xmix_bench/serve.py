@@ -594,11 +594,13 @@ def start(args, profiler: bool | None = None) -> dict:
     if old and any(Server.from_record(old["servers"][n]).alive()
                    for n in (old.get("up") or list(old["servers"])) if n in old["servers"]):
         raise SystemExit(f"{out}: servers of an earlier start are still running (serve stop --out {args.out})")
+    # every server this start plans, in launch order (a start of some of them keeps their CPU shares)
+    planned = (["vanilla", "xmix"] + [CONTROLS[k][0] for k in control_kinds(args.control)]
+               + ([ALT_SERVER[0]] if getattr(args, "alt_variants", None) else []))
     split = None
     if getattr(args, "pin_cpus", False):  # (before anything is written: a refused split leaves --out as it was)
-        n_planned = 2 + len(control_kinds(args.control)) + (1 if getattr(args, "alt_variants", None) else 0)
         try:
-            split = cpu_pinning.partition(cpu_pinning.physical_cores(), n_planned)
+            split = cpu_pinning.partition(cpu_pinning.physical_cores(), len(planned))
         except cpu_pinning.PinningError as e:
             raise SystemExit(str(e)) from None
     cfg = common.load_config(args.model)
@@ -653,10 +655,9 @@ def start(args, profiler: bool | None = None) -> dict:
         alt_env.update(ALT_VARIANTS[alt])
         plans += ((ALT_SERVER[0], args.port + ALT_SERVER[1], server_args + second_args, alt_env),)
         st["alt_variants"] = {"mode": alt, "env": ALT_VARIANTS[alt]}
-    if split is not None:  # (over every planned server: a start of some of them keeps the shares)
-        client, shares = split
-        assert len(shares) == len(plans), (len(shares), [p[0] for p in plans])
-        st["pin_cpus"] = {"client": client, "servers": {p[0]: c for p, c in zip(plans, shares)}}
+    assert [p[0] for p in plans] == planned, ([p[0] for p in plans], planned)
+    if split is not None:
+        st["pin_cpus"] = {"client": split[0], "servers": dict(zip(planned, split[1]))}
     wanted = [n for n in dict.fromkeys(getattr(args, "servers", "").split(",")) if n]
     if wanted:
         unknown = sorted(set(wanted) - {p[0] for p in plans})
