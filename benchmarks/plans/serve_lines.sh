@@ -18,7 +18,9 @@
 # RECORD_STEPS=1: the servers record every engine step they run (`serve start --record-steps`:
 # each run's decode and prefill-carrying step periods and the scheduler's host time in results.json).
 # PIN_CPUS=1: each server and the client on physical CPU cores of their own (`serve start
-# --pin-cpus`; pinned rounds pair only with pinned rounds, and their workload says so).
+# --pin-cpus`; pinned rounds pair only with pinned rounds, and their workload says so; a host whose
+# CPUs cannot be split so refuses before launching, and the servers then start unpinned, the log
+# saying so).
 # LUP / QUP (not in the default): the model's servers started (each on compile caches of its own,
 # cold on a fresh machine: start-up and graph memory into latest.json) even with no other step.
 # LWARM / QWARM (not in the default): last, the servers stopped and started again in the same
@@ -57,7 +59,13 @@ if [ "${MIB:-0}" -gt 100000 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0
 model() {
   local T=$1 M=$2 S=/root/xmix-serve/$3 MEM=$4 PRE=$5 t; t=$(echo "$1" | tr LQ lq); mkdir -p $S
   if has ${T}UP || has ${T}R16 || has ${T}SAT || has ${T}API || has ${T}WARM; then
-    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM $SOPTS > $R/${t}start.log 2>&1; echo "rc=$?"
+    $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM $SOPTS > $R/${t}start.log 2>&1; rc=$?; echo "rc=$rc"
+    # a host whose CPUs cannot be split refuses before anything starts: run unpinned rather than not at all
+    if [ $rc != 0 ] && grep -q -- "--pin-cpus:" $R/${t}start.log; then
+      echo "pinning refused, starting unpinned: $(grep -m1 -- '--pin-cpus:' $R/${t}start.log)"
+      mv $R/${t}start.log $R/${t}start_pin_refused.log; SOPTS=${SOPTS/--pin-cpus/}
+      $B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM $SOPTS > $R/${t}start.log 2>&1; echo "rc=$?"
+    fi
   fi
   echo ${T}UP
   if has ${T}R16; then
