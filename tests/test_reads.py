@@ -444,3 +444,64 @@ def test_assembled_values_of_a_stream_end_to_end_and_with_gaps():
     redo = np.full_like(vals, 9.0)
     acc.add([ch("p", "probe", P + 1, 1, redo)])  # position P+1 computed again (after a preemption)
     np.testing.assert_array_equal(acc.assemble(G)["a"]["p"], vals)
+
+
+def test_streamed_values_end_to_end_whatever_the_chunks():
+    """A stream's values (:class:`StreamDelta`, its text path and its parsed path alike) put
+    together over its chunks are each read's values, position for position: a prompt chunk, one
+    chunk per decode step, outputs merged by a lagging stream (several chunks at once, the later
+    ones not yet part of the output being streamed), a position computed again after a
+    preemption (the value already sent stays), a capture of width 2 beside a probe, and a
+    non-finite value (null)."""
+    import json
+
+    from vllm_xmix.results import ReadResults, StreamDelta
+
+    P, G = 6, 9
+    vals = np.arange(P + G - 1, dtype=np.float32) * 0.25 - 1  # position i -> vals[i]
+    vals[P + 3] = np.inf
+    cap = np.arange((P + G - 1) * 2, dtype=np.float32).reshape(-1, 2)
+
+    def ch(name, tag, p0, n, src):
+        return ("a", name, 3, tag, p0, n, src.shape[1] if src.ndim > 1 else 1, src[p0:p0 + n].tobytes())
+
+    for with_capture in (False, True):
+        acc, d = ReadResults(P), StreamDelta()
+        got = {"p": {}, "g": {}}
+
+        def stream(upto=None):
+            text = d.take_text(acc, upto)
+            out = json.loads(text) if text is not None else json.loads(json.dumps(d.take(acc, upto)))
+            for name, entry in out.get("a", {}).items():
+                for k, v in enumerate(entry["values"]):
+                    got[name].setdefault(entry["pos0"] + k, v)  # (a position sent twice would keep its first)
+
+        def step(p, n=1, src=None):
+            acc.add([ch("p", "probe", p, n, vals if src is None else src)]
+                    + ([ch("g", "generated", max(p, P - 1), p + n - max(p, P - 1), cap)] if with_capture else []))
+
+        step(0, P)  # the prompt: positions 0 .. P-1
+        stream()
+        step(P)
+        step(P + 1)
+        stream()  # two decode steps merged into one output
+        step(P + 2)
+        step(P + 3)
+        stream(acc.n_chunks - (2 if with_capture else 1))  # the output of step P+2; step P+3's chunk waits
+        stream()
+        redo = vals.copy()
+        redo[P + 3] = 7.0
+        step(P + 3, 2, redo)  # after a preemption P+3 computed again (already sent: stays) with P+4
+        stream()
+        for p in range(P + 5, P + G - 1):
+            step(p)
+            stream()
+        want = [None if not np.isfinite(v) else float(v) for v in vals]
+        assert [got["p"][i] for i in range(P + G - 1)] == want
+        if with_capture:
+            assert [got["g"][i] for i in range(P - 1, P + G - 1)] == cap[P - 1:].tolist()
+        else:
+            assert not got["g"]
+        final = acc.assemble(G)["a"]
+        np.testing.assert_array_equal(final["p"], vals)
+        assert final["p"].flags.writeable

@@ -52,7 +52,8 @@ class ReadResults:
 
     def __init__(self, n_prompt: int):
         self.n_prompt = n_prompt
-        # (app, name, layer) -> [positions, width, [(seq, pos0, values [n, width]), ...]]
+        # (app, name, layer) -> [positions, width, [(seq, pos0, n, float32 bytes [n, width]), ...]]
+        # (a chunk's bytes become an array only where its values are used: _values)
         self._parts: dict[tuple[str, str, int], list] = {}
         self._raw: list = []  # chunk lists received, not yet parsed
         self._parsed = 0  # chunks parsed into _parts
@@ -94,14 +95,13 @@ class ReadResults:
             k = max(0, upto - self._parsed)
             raw, self._raw = self._raw[:k], self._raw[k:]
         seq = self._parsed
-        parts, array, f32 = self._parts, np.ndarray, np.float32
-        for app, name, layer, positions, pos0, n, width, data in raw:  # (per streamed token: kept lean)
+        parts = self._parts
+        for app, name, layer, positions, pos0, n, width, data in raw:  # (per generated token: kept lean)
             key = (app, name, int(layer))
             part = parts.get(key)
             if part is None:
                 part = parts[key] = [positions, int(width), []]
-            # a read-only [n, width] view of the chunk's bytes (np.frombuffer + reshape in one call)
-            part[2].append((seq, int(pos0), array((n, width), f32, data)))
+            part[2].append((seq, pos0, n, data))
             seq += 1
         self._parsed = seq
 
@@ -128,33 +128,37 @@ class ReadResults:
             self._parse()
         P = self.n_prompt
         for key, (positions, width, all_chunks) in sorted(self._parts.items()):
-            chunks = ([(p0, v) for seq, p0, v in all_chunks if seq < upto] if upto is not None
-                      else [(p0, v) for seq, p0, v in all_chunks])
+            chunks = [c for c in all_chunks if c[0] < upto] if upto is not None else all_chunks
             if not chunks:
                 continue
             start = 0 if positions in ("all", "probe") else P - 1
             # the common stream: each chunk starts where the one before ended (a prompt, then one
-            # position per decode step), from start on: the values are the chunks end to end
+            # position per decode step), from start on: the values are the chunks' bytes end to
+            # end (one join and one array, writeable: a bytearray)
             nxt = start
-            for p0, v in chunks:
+            for _, p0, n, _ in chunks:
                 if p0 != nxt:
                     break
-                nxt += len(v)
+                nxt += n
             else:
                 if positions != "last" and (n_generated is None or nxt == P + n_generated - 1):
-                    yield key, positions, start, np.concatenate([v for _, v in chunks])
+                    joined = bytearray().join([c[3] for c in chunks])
+                    if len(joined) != (nxt - start) * width * 4:  # (each chunk's n x width float32: as np.ndarray checked it)
+                        raise ValueError(f"read {key}: chunks hold {len(joined)} bytes of values, "
+                                         f"{nxt - start} positions x {width} float32 expected")
+                    yield key, positions, start, np.frombuffer(joined, np.float32).reshape(-1, width)
                     continue
             if positions == "last":
                 end = P
             elif n_generated is not None:
                 end = P + n_generated - 1
             else:
-                end = max(p0 + len(v) for p0, v in chunks)
+                end = max(p0 + n for _, p0, n, _ in chunks)
             arr = np.full((max(end - start, 0), width), np.nan, dtype=np.float32)
-            for p0, v in reversed(chunks):  # (the first value received of a recomputed position is written last)
-                lo, hi = max(p0, start), min(p0 + len(v), end)
+            for _, p0, n, data in reversed(chunks):  # (the first value received of a recomputed position is written last)
+                lo, hi = max(p0, start), min(p0 + n, end)
                 if hi > lo:
-                    arr[lo - start:hi - start] = v[lo - p0:hi - p0]
+                    arr[lo - start:hi - start] = _values(n, width, data)[lo - p0:hi - p0]
             yield key, positions, start, arr
 
     def assemble(self, n_generated: int | None = None, upto: int | None = None) -> dict[str, dict]:
@@ -345,28 +349,28 @@ class StreamDelta:
             seen[key] = j
             start = 0 if positions in ("all", "probe") else P - 1
             sent = self._sent.get(key, start)
-            _, p0, v = chunks[i]
+            _, p0, nv, data = chunks[i]
             if j == i + 1:  # one new chunk (a step's values): no copy when it starts where the last ended
-                end = P if positions == "last" else p0 + len(v)
+                end = P if positions == "last" else p0 + nv
                 if end <= sent:
                     continue  # (recomputed positions, already sent)
                 if positions == "probe" and end == sent + 1 and p0 <= sent:  # a decode step's one value
-                    x = v.item(sent - p0, 0)
+                    (x,) = _F32_UNPACK(data, 4 * (sent - p0) * width)
                     self._sent[key] = end
                     self._put(out, key, {"pos0": sent, "values": [x if math.isfinite(x) else None]})
                     continue
-                new = v[sent - p0:end - p0] if p0 <= sent and p0 + len(v) >= end else None
+                new = _values(nv, width, data)[sent - p0:end - p0] if p0 <= sent and p0 + nv >= end else None
             else:
-                end = P if positions == "last" else max(p0 + len(v) for _, p0, v in chunks[i:j])
+                end = P if positions == "last" else max(c[1] + c[2] for c in chunks[i:j])
                 if end <= sent:
                     continue
                 new = None
             if new is None:
                 new = np.full((end - sent, width), np.nan, dtype=np.float32)
-                for _, p0, v in reversed(chunks[i:j]):  # (a position's first value is written last)
-                    lo, hi = max(p0, sent), min(p0 + len(v), end)
+                for _, p0, n, data in reversed(chunks[i:j]):  # (a position's first value is written last)
+                    lo, hi = max(p0, sent), min(p0 + n, end)
                     if hi > lo:
-                        new[lo - sent:hi - sent] = v[lo - p0:hi - p0]
+                        new[lo - sent:hi - sent] = _values(n, width, data)[lo - p0:hi - p0]
             self._sent[key] = end
             self._put(out, key, {"pos0": sent, "values": _json_values(new[:, 0] if positions == "probe" else new)})
         for app, records in acc.trigger_records().items():  # records fired since the last chunk
@@ -390,6 +394,12 @@ class StreamDelta:
 #: one float32 as the bytes of a read chunk hold it (numpy's ``tobytes``: native byte order)
 _F32 = struct.Struct("=f")
 _F32_UNPACK = _F32.unpack_from
+
+
+def _values(n: int, width: int, data: bytes) -> np.ndarray:
+    """A chunk's values: a read-only float32 ``[n, width]`` view of its bytes (np.frombuffer and
+    reshape in one call)."""
+    return np.ndarray((n, width), np.float32, data)
 
 
 def _json_values(a: np.ndarray) -> list:

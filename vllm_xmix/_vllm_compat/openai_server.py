@@ -201,7 +201,10 @@ def _with_reads_parsed(chunk: str, view, deltas: dict) -> str:
     c = choices[0]
     if (c.get("delta") or {}).get("role") is not None and c.get("finish_reason") is None:
         return chunk  # chat's opening chunk names the role and carries no token: values come with the tokens
-    d = deltas.setdefault(c.get("index", 0), StreamDelta())
+    i = c.get("index", 0)
+    d = deltas.get(i)
+    if d is None:  # (not setdefault: that would build a StreamDelta for every chunk)
+        d = deltas[i] = StreamDelta()
     extra = {"mi_results": d.take(view._acc, view._upto)}
     if c.get("finish_reason") is not None:
         n_gen = view._n_generated
