@@ -12,8 +12,9 @@ a request with one probe (``--prompt`` prompt values with the first token, then 
 token, as the engine core sends them), ``--tokens`` chunks; the median over ``--repeats``
 streams of the mean microseconds per chunk, of the decode chunks alone (neither the first,
 which carries the prompt's values, nor the last), and of the last chunk (all the values,
-assembled: ``mi_results_complete``). Host CPU time of this machine: compare lines of one
-machine only.
+assembled: ``mi_results_complete``), that one also as its minimum over the streams (on a busy
+machine the median moves with the load, the minimum much less). Host CPU time of this machine:
+compare lines of one machine only.
 """
 
 from __future__ import annotations
@@ -61,5 +62,6 @@ def stream_cost(prompt: int = 256, tokens: int = 128, repeats: int = 20) -> dict
     runs, dec, fin = ([round(r[k], 2) for r in each] for k in range(3))
     return {"us_per_chunk": statistics.median(runs), "runs": runs,
             "us_per_decode_chunk": statistics.median(dec), "decode_runs": dec,
-            "us_final_chunk": statistics.median(fin), "final_runs": fin, "prompt": prompt, "tokens": tokens,
+            "us_final_chunk": statistics.median(fin), "us_final_chunk_min": min(fin), "final_runs": fin,
+            "prompt": prompt, "tokens": tokens,
             "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
