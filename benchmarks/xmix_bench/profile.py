@@ -113,6 +113,7 @@ def add_arguments(p) -> None:
     s.add_argument("--prompt", type=int, default=256, help="prompt tokens (their values come with the first chunk)")
     s.add_argument("--tokens", type=int, default=128, help="streamed chunks (tokens) per request")
     s.add_argument("--repeats", type=int, default=20, help="streams measured (median of their means)")
+    s.add_argument("--layers", type=int, default=1, help="layers the probe reads (a value of each per token)")
     s.add_argument("--json", help="write the result here")
     nc = sub.add_parser("norm-call", help="host us per call of a hosted norm (apps off, or --on) vs vLLM's norm")
     nc.add_argument("--tokens", type=int, default=8)
@@ -177,13 +178,13 @@ def main(args) -> int:
     if args.action == "stream":
         from .stream import stream_cost
 
-        r = stream_cost(args.prompt, args.tokens, args.repeats)
+        r = stream_cost(args.prompt, args.tokens, args.repeats, args.layers)
         if args.json:
             common.write_json(args.json, r)
         print(f"front end, streamed chunk of a request with a probe: {r['us_per_chunk']:.1f} us per chunk, "
               f"{r['us_per_decode_chunk']:.1f} per decode chunk, {r['us_final_chunk']:.1f} the final chunk "
               f"(median of {len(r['runs'])} streams of "
-              f"{r['tokens']} chunks, prompt {r['prompt']}; the final chunk's minimum {r['us_final_chunk_min']:.1f})")
+              f"{r['tokens']} chunks, prompt {r['prompt']}, {r['layers']} layer(s); the final chunk's minimum {r['us_final_chunk_min']:.1f})")
         return 0
     if args.action == "norm-call":
         r = norm_call(args.tokens, args.calls, on=args.on)

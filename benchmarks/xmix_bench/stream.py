@@ -9,7 +9,7 @@ of all the others, so its microseconds per chunk multiply by the tokens per seco
 Measured without a server: vLLM's own completion stream chunks (``CompletionStreamResponse``,
 serialized as vLLM's server does, ``exclude_unset=True``),
 a request with one probe (``--prompt`` prompt values with the first token, then one value per
-token, as the engine core sends them), ``--tokens`` chunks; the median over ``--repeats``
+token, as the engine core sends them; ``--layers``: read at that many layers, a value of each), ``--tokens`` chunks; the median over ``--repeats``
 streams of the mean microseconds per chunk, of the decode chunks alone (neither the first,
 which carries the prompt's values, nor the last), and of the last chunk (all the values,
 assembled: ``mi_results_complete``), that one also as its minimum over the streams (on a busy
@@ -27,8 +27,9 @@ import numpy as np
 from . import common
 
 
-def stream_cost(prompt: int = 256, tokens: int = 128, repeats: int = 20) -> dict:
-    """``{"us_per_chunk": median, "runs": [...], ...}`` for streams of one probe's values."""
+def stream_cost(prompt: int = 256, tokens: int = 128, repeats: int = 20, layers: int = 1) -> dict:
+    """``{"us_per_chunk": median, "runs": [...], ...}`` for streams of one probe's values
+    (``layers`` > 1: the probe read at that many layers, one value of each per token)."""
     from vllm.entrypoints.openai.completion.protocol import CompletionResponseStreamChoice, CompletionStreamResponse
 
     from vllm_xmix._vllm_compat.openai_server import _with_reads
@@ -38,11 +39,12 @@ def stream_cost(prompt: int = 256, tokens: int = 128, repeats: int = 20) -> dict
 
     def one() -> tuple[float, float, float]:
         acc, deltas, spent, decode, last = ReadResults(prompt), {}, 0.0, 0.0, 0.0
-        acc.add([("probe_one", "probe", 16, "probe", 0, prompt, 1, rng.random((prompt, 1), np.float32).tobytes())])
+        acc.add([("probe_one", "probe", 16 + k, "probe", 0, prompt, 1, rng.random((prompt, 1), np.float32).tobytes())
+                 for k in range(layers)])
         for i in range(tokens):
             if i:
-                acc.add([("probe_one", "probe", 16, "probe", prompt + i - 1, 1, 1,
-                          rng.random((1, 1), np.float32).tobytes())])
+                acc.add([("probe_one", "probe", 16 + k, "probe", prompt + i - 1, 1, 1,
+                          rng.random((1, 1), np.float32).tobytes()) for k in range(layers)])
             ch = CompletionStreamResponse(id="cmpl-0", created=1, model="m", choices=[CompletionResponseStreamChoice(
                 index=0, text=" tok", finish_reason=None if i < tokens - 1 else "length")])
             s = f"data: {ch.model_dump_json(exclude_unset=True)}\n\n"
@@ -63,5 +65,5 @@ def stream_cost(prompt: int = 256, tokens: int = 128, repeats: int = 20) -> dict
     return {"us_per_chunk": statistics.median(runs), "runs": runs,
             "us_per_decode_chunk": statistics.median(dec), "decode_runs": dec,
             "us_final_chunk": statistics.median(fin), "us_final_chunk_min": min(fin), "final_runs": fin,
-            "prompt": prompt, "tokens": tokens,
+            "prompt": prompt, "tokens": tokens, "layers": layers,
             "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
