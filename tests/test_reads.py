@@ -505,3 +505,69 @@ def test_streamed_values_end_to_end_whatever_the_chunks():
         final = acc.assemble(G)["a"]
         np.testing.assert_array_equal(final["p"], vals)
         assert final["p"].flags.writeable
+
+
+def test_streamed_values_of_several_probes_a_step():
+    """A probe at two layers beside a second app's probe: each decode step brings three values
+    (one chunk each), taken without a parse (``StreamDelta.take_text``'s several-reads path) as
+    long as the steps come whole and in order; a stream's values put together are each read's
+    values at each layer, position for position, under chunks of one step, merged steps, a
+    lagging stream and a recomputed position, and the chunk's JSON nests a read at several
+    layers under its layers as the parsed path does."""
+    import json
+
+    from vllm_xmix.results import ReadResults, StreamDelta
+
+    P, G = 4, 10
+    reads = [("a", "p", 3), ("a", "p", 7), ("b", "q", 5)]
+    src = {r: np.arange(P + G - 1, dtype=np.float32) * (1 + i) + 0.125 for i, r in enumerate(reads)}
+    src[("a", "p", 7)][P + 2] = np.nan
+
+    acc, d = ReadResults(P), StreamDelta()
+    got: dict = {r: {} for r in reads}
+    fast = [0]
+
+    def stream(upto=None):
+        text = d.take_text(acc, upto)
+        fast[0] += text is not None
+        out = json.loads(text) if text is not None else json.loads(json.dumps(d.take(acc, upto)))
+        for app, by_name in out.items():
+            for name, v in by_name.items():
+                for layer, e in ([(None, v)] if "pos0" in v else v.items()):
+                    key = next(r for r in reads if r[:2] == (app, name) and (layer is None or str(r[2]) == layer))
+                    for k, x in enumerate(e["values"]):
+                        got[key].setdefault(e["pos0"] + k, x)
+
+    def step(p, n=1, redo=None):
+        """The values of positions p .. p+n-1 of each read; ``redo``: a position computed again
+        to another value (already sent: the first one stays)."""
+        chunks = []
+        for r in reads:
+            v = src[r][p:p + n].copy()
+            if redo is not None:
+                v[redo - p] = 9.0
+            chunks.append((*r, "probe", p, n, 1, v.tobytes()))
+        acc.add(chunks)
+
+    step(0, P)
+    stream()
+    step(P)
+    stream()  # one step: three values
+    step(P + 1)
+    step(P + 2)
+    stream()  # two steps merged
+    step(P + 3)
+    step(P + 4)
+    stream(acc.n_chunks - len(reads))  # a lagging stream: the output of step P+3 only
+    stream()
+    step(P + 4, 2, redo=P + 4)  # P+4 again (sent: stays) with P+5
+    stream()
+    for p in range(P + 6, P + G - 1):
+        step(p)
+        stream()
+    for r in reads:
+        assert [got[r][i] for i in range(P + G - 1)] == [None if not np.isfinite(v) else float(v) for v in src[r]], r
+    assert fast[0] >= 6  # (most chunks took the path without a parse)
+    final = acc.assemble(G)
+    np.testing.assert_array_equal(final["a"]["p"][3], src[("a", "p", 3)])
+    np.testing.assert_array_equal(final["b"]["q"], src[("b", "q", 5)])

@@ -247,6 +247,7 @@ class StreamDelta:
         self._taken = 0  # chunks (in arrival order) looked at: every chunk before this one
         self._heads: dict[tuple, str] = {}  # (app, name, layer) -> '{"app":{"name":{"pos0":' (take_text)
         self._fast: list | None = None  # take_text's state while on its path (_start_fast)
+        self._fastm: list | None = None  # the same for several probe values a step (_start_multi)
 
     def take_text(self, acc: ReadResults | None, upto: int | None = None) -> str | None:
         """:meth:`take`'s result as JSON text, for the common case of streamed decode steps only:
@@ -265,6 +266,8 @@ class StreamDelta:
         if k0 < 0 or k1 <= k0 or k1 > len(raw):
             return None
         c = raw[k0]
+        if self._fastm is not None or (k1 > k0 + 1 and raw[k0 + 1][4] == c[4]):  # several reads a step
+            return self._take_multi(raw, k0, k1, parsed)
         fast = self._fast
         if fast is None or c[4] != fast[3] or c[0] != fast[0] or c[1] != fast[1] or c[2] != fast[2]:
             fast = self._start_fast(c)
@@ -304,6 +307,92 @@ class StreamDelta:
         self._fast = [app, name, layer, pos0, head, pos0]
         return self._fast
 
+    def _take_multi(self, raw: list, k0: int, k1: int, parsed: int) -> str | None:
+        """:meth:`take_text` for steps that each hold one value of several probe read entries (a
+        probe at several layers, several probes): chunks ``k0 .. k1 - 1`` of ``raw`` must be
+        whole steps, each the same read entries in the same order, each at its next position
+        (the same for all); their JSON is the template :meth:`_start_multi` made with each
+        entry's ``{"pos0", "values"}`` put in. None otherwise."""
+        fm = self._fastm
+        c = raw[k0]
+        if fm is None or c[4] != fm[1] or (c[0], c[1], c[2]) != fm[0][0]:
+            fm = self._start_multi(raw, k0, k1)
+            if fm is None:
+                return None
+        keys, pos0, segs = fm[0], fm[1], fm[2]
+        k = len(keys)
+        m, rest = divmod(k1 - k0, k)
+        if rest:
+            return None
+        if m == 1:  # one decode step (the common chunk)
+            text = [segs[0]]
+            for j in range(k):
+                c = raw[k0 + j]
+                key = keys[j]
+                if c[4] != pos0 or c[5] != 1 or c[3] != "probe" or c[0] != key[0] or c[1] != key[1] or c[2] != key[2]:
+                    return None
+                (x,) = _F32_UNPACK(c[7])
+                text.append(f'{{"pos0":{pos0},"values":[{x!r}]}}{segs[j + 1]}' if x - x == 0.0
+                            else f'{{"pos0":{pos0},"values":[null]}}{segs[j + 1]}')
+            fm[1] = pos0 + 1
+            self._taken = k1 + parsed
+            return "".join(text)
+        vals: list[list] = [[] for _ in range(k)]
+        i = k0
+        for pos in range(pos0, pos0 + m):
+            for j in range(k):
+                c = raw[i]
+                key = keys[j]
+                if c[4] != pos or c[5] != 1 or c[3] != "probe" or c[0] != key[0] or c[1] != key[1] or c[2] != key[2]:
+                    return None
+                vals[j] += _F32_UNPACK(c[7])
+                i += 1
+        fm[1] = pos0 + m
+        self._taken = k1 + parsed
+        text = [segs[0]]
+        for j in range(k):
+            body = ",".join(repr(v) if v - v == 0.0 else "null" for v in vals[j])
+            text.append(f'{{"pos0":{pos0},"values":[{body}]}}{segs[j + 1]}')
+        return "".join(text)
+
+    def _start_multi(self, raw: list, k0: int, k1: int) -> list | None:
+        """:meth:`_take_multi`'s state (``[read entries (app, name, layer) in step order, next
+        position, JSON template: k + 1 texts around the entries' values, first position]``)
+        if chunk ``k0`` starts a step of several probe values, each a read entry already
+        streamed at the step's position; else None. The template nests the entries as
+        :meth:`take` does (:meth:`_put`: under the layer for a read at several layers)."""
+        self._sync()
+        pos = raw[k0][4]
+        keys: list[tuple] = []
+        for i in range(k0, k1):
+            app, name, layer, tag, pos0, n, width, data = raw[i]
+            if pos0 != pos:
+                break
+            key = (app, name, layer)
+            if tag != "probe" or n != 1 or self._sent.get(key) != pos or key in keys:
+                return None
+            keys.append(key)
+        if len(keys) < 2:
+            return None
+        out: dict = {}
+        marks = [f"@xmix-entry-{j}@" for j in range(len(keys))]
+        for (app, name, layer), mark in zip(keys, marks):
+            slot = out.setdefault(app, {})
+            if self._layers.get((app, name)) == 1:
+                slot[name] = mark
+            else:
+                slot.setdefault(name, {})[str(layer)] = mark
+        text, segs = json.dumps(out, separators=(",", ":")), []
+        for mark in marks:  # (a name that spells a mark: no template, the parsed path)
+            q = json.dumps(mark)
+            if text.count(q) != 1:
+                return None
+            head, text = text.split(q)
+            segs.append(head)
+        segs.append(text)
+        self._fastm = [keys, pos, segs, pos]
+        return self._fastm
+
     def _sync(self) -> None:
         """Write the fast path's progress (positions sent, chunks looked at: one per position)
         back into the per-read state and leave the fast path."""
@@ -313,6 +402,12 @@ class StreamDelta:
             self._sent[key] = fast[3]
             self._seen[key] = self._seen.get(key, 0) + fast[3] - fast[5]
             self._fast = None
+        fm = self._fastm
+        if fm is not None:
+            for key in fm[0]:
+                self._sent[key] = fm[1]
+                self._seen[key] = self._seen.get(key, 0) + fm[1] - fm[3]
+            self._fastm = None
 
     def take(self, acc: ReadResults | None, upto: int | None = None) -> dict:
         """The values new since the last call, of the first ``upto`` chunks of ``acc`` (the
