@@ -184,7 +184,8 @@ def main(args) -> int:
         print(f"front end, streamed chunk of a request with a probe: {r['us_per_chunk']:.1f} us per chunk, "
               f"{r['us_per_decode_chunk']:.1f} per decode chunk, {r['us_final_chunk']:.1f} the final chunk "
               f"(median of {len(r['runs'])} streams of "
-              f"{r['tokens']} chunks, prompt {r['prompt']}, {r['layers']} layer(s); the final chunk's minimum {r['us_final_chunk_min']:.1f})")
+              f"{r['tokens']} chunks, prompt {r['prompt']}, {r['layers']} layer(s); minimum over the streams {r['us_per_chunk_min']:.1f} / "
+              f"{r['us_per_decode_chunk_min']:.1f} / {r['us_final_chunk_min']:.1f})")
         return 0
     if args.action == "norm-call":
         r = norm_call(args.tokens, args.calls, on=args.on)

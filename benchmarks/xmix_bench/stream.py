@@ -12,7 +12,7 @@ a request with one probe (``--prompt`` prompt values with the first token, then 
 token, as the engine core sends them; ``--layers``: read at that many layers, a value of each), ``--tokens`` chunks; the median over ``--repeats``
 streams of the mean microseconds per chunk, of the decode chunks alone (neither the first,
 which carries the prompt's values, nor the last), and of the last chunk (all the values,
-assembled: ``mi_results_complete``), that one also as its minimum over the streams (on a busy
+assembled: ``mi_results_complete``), each also as its minimum over the streams (on a busy
 machine the median moves with the load, the minimum much less). Host CPU time of this machine:
 compare lines of one machine only.
 """
@@ -62,8 +62,8 @@ def stream_cost(prompt: int = 256, tokens: int = 128, repeats: int = 20, layers:
         one()
     each = [one() for _ in range(repeats)]
     runs, dec, fin = ([round(r[k], 2) for r in each] for k in range(3))
-    return {"us_per_chunk": statistics.median(runs), "runs": runs,
-            "us_per_decode_chunk": statistics.median(dec), "decode_runs": dec,
+    return {"us_per_chunk": statistics.median(runs), "us_per_chunk_min": min(runs), "runs": runs,
+            "us_per_decode_chunk": statistics.median(dec), "us_per_decode_chunk_min": min(dec), "decode_runs": dec,
             "us_final_chunk": statistics.median(fin), "us_final_chunk_min": min(fin), "final_runs": fin,
             "prompt": prompt, "tokens": tokens, "layers": layers,
             "commit": common.git_commit(), "date": common.today(), "command": common.command_line()}
