@@ -14,7 +14,7 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, REPO)
 
-from benchmarks.xmix_bench import cpu_pinning, serve  # noqa: E402
+from benchmarks.xmix_bench import cpu_pinning, serve_servers  # noqa: E402
 
 
 def _sysfs(root, cores: int, threads: int = 2, name: str = "core_cpus_list") -> str:
@@ -82,7 +82,7 @@ def test_a_server_process_runs_on_its_cpus():
     want = mine[-1:]
     assert want != mine
     p = subprocess.Popen([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)), os.getsid(0) == os.getpid(), flush=True)"],
-                         stdout=subprocess.PIPE, text=True, preexec_fn=serve.server_preexec(want))
+                         stdout=subprocess.PIPE, text=True, preexec_fn=serve_servers.server_preexec(want))
     out, _ = p.communicate(timeout=60)
     assert out.strip() == f"{want} True", out
     # CPUs outside this process's mask (a start made under another mask, or on another machine)
@@ -91,7 +91,7 @@ def test_a_server_process_runs_on_its_cpus():
     assert sorted(os.sched_getaffinity(0)) == mine
     # without cpus: its own session, the parent's mask
     p = subprocess.Popen([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)), flush=True)"],
-                         stdout=subprocess.PIPE, text=True, preexec_fn=serve.server_preexec(None))
+                         stdout=subprocess.PIPE, text=True, preexec_fn=serve_servers.server_preexec(None))
     assert p.communicate(timeout=60)[0].strip() == str(mine)
 
 

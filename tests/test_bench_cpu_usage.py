@@ -100,7 +100,7 @@ def test_fractions_are_of_the_active_seconds_when_given():
 
 
 def test_summary_table_gives_median_busy_fractions_per_configuration(tmp_path):
-    from benchmarks.xmix_bench import serve
+    from benchmarks.xmix_bench import serve_results
 
     def run(cfg, rnd, itl, api, engine):
         return {"rate": "inf", "round": rnd, "config": cfg, "title": "m, 10 prompts",
@@ -111,7 +111,7 @@ def test_summary_table_gives_median_busy_fractions_per_configuration(tmp_path):
     runs = [run("vanilla", 1, 5.0, 0.5, 1.0), run("probe_one", 1, 5.5, 0.9, 1.0),
             run("vanilla", 2, 5.0, 0.7, 1.2), run("probe_one", 2, 5.5, 1.1, 1.0),
             run("vanilla", 3, 5.0, 0.6, 1.1), run("probe_one", 3, 5.5, 1.0, 1.0)]
-    serve.summarize(runs, str(tmp_path))
+    serve_results.summarize(runs, str(tmp_path))
     rows = {line.split(" | ")[0]: line for line in (tmp_path / "summary.md").read_text().splitlines()
             if line.startswith("| vanilla") or line.startswith("| probe_one")}
     assert rows["| vanilla"].endswith("| 0.60 (0.50) | 1.10 (1.10) |")

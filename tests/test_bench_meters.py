@@ -159,7 +159,7 @@ def test_a_failing_api_sampler_never_hides_the_runs_own_error(monkeypatch, tmp_p
     import socket
     import types
 
-    from benchmarks.xmix_bench import api_sample, common, serve
+    from benchmarks.xmix_bench import api_sample, common, serve_rounds
 
     class BrokenSampler:
         def __init__(self, pid, path):
@@ -180,8 +180,8 @@ def test_a_failing_api_sampler_never_hides_the_runs_own_error(monkeypatch, tmp_p
         port = s.getsockname()[1]
     server = types.SimpleNamespace(port=port, pid=os.getpid(), steps_dir=None)
     with pytest.raises(RuntimeError) as e:
-        serve.bench(server, {"serving_dir": "m"}, [], "inf", 1, None, str(tmp_path / "r.json"), 0, 1,
-                    api_sample_to=str(tmp_path / "s.txt"))
+        serve_rounds.bench(server, {"serving_dir": "m"}, [], "inf", 1, None, str(tmp_path / "r.json"), 0, 1,
+                           api_sample_to=str(tmp_path / "s.txt"))
     assert str(e.value) == ("the client lost its server" if bench_fails else "py-spy did not stop")
 
 
@@ -508,14 +508,14 @@ def test_recorded_server_records_every_engine_step_of_its_engine_core(tiny_llama
         assert idle["error"].startswith("no engine steps recorded (no row added"), idle
 
         # the benchmark client's ready check (one whole request of its own, before the measured
-        # ones) is not the run's: serve.bench counts the steps from its end
+        # ones) is not the run's: serve_rounds.bench counts the steps from its end
         import asyncio
 
         import aiohttp
         import vllm.benchmarks.serve as bench_mod
         from vllm.benchmarks.lib.endpoint_request_func import ASYNC_REQUEST_FUNCS, RequestFuncInput
 
-        from benchmarks.xmix_bench import serve
+        from benchmarks.xmix_bench import serve_results, serve_rounds, serve_servers
 
         async def ready_check():
             async with aiohttp.ClientSession() as session:
@@ -525,7 +525,7 @@ def test_recorded_server_records_every_engine_step_of_its_engine_core(tiny_llama
                 assert out.success, out.error
 
         meter = engine_steps.StepMeter(str(steps))
-        with serve._after_ready_check([meter.restart]):
+        with serve_rounds._after_ready_check([meter.restart]):
             asyncio.run(ready_check())
             assert _stream(url, tiny_llama, [17] + list(range(700, 711)), 3) == (12, 3)
         run = meter.stop(requests=1)
@@ -543,7 +543,7 @@ def test_recorded_server_records_every_engine_step_of_its_engine_core(tiny_llama
         while time.monotonic() < deadline and not (prof.parent / "prof.0").exists():
             time.sleep(0.2)
         assert sorted(p.name for p in prof.parent.iterdir()) == ["prof.0", "prof.0.gc.json"]
-        r = serve.api_profile_summary(str(prof.parent / "prof.0"), output_tokens=8, requests=1)
+        r = serve_results.api_profile_summary(str(prof.parent / "prof.0"), output_tokens=8, requests=1)
         assert r["calls_per_token"] > 50 and r["profiled_us_per_token"] > 0, r
         assert r["plugin_calls_per_token"] > 0, r  # the plugin's route guard and selection check ran
         import pstats
@@ -551,24 +551,26 @@ def test_recorded_server_records_every_engine_step_of_its_engine_core(tiny_llama
         profiled = {fn for _, _, fn in pstats.Stats(str(prof.parent / "prof.0")).stats}
         assert "completion_stream_generator" in profiled, sorted(profiled)[:20]  # the API server's own work
         assert "schedule" not in profiled  # not the engine core's (the scheduler runs in that process)
-        assert "vanilla" in serve.api_profile_report({"vanilla": r, "inactive": r})
+        assert "vanilla" in serve_results.api_profile_report({"vanilla": r, "inactive": r})
 
         # rounds --api-profile's run: vLLM's benchmark client against this server, its requests
         # alone profiled (no ready check), the profile kept and counted per output token
         port = int(url.rsplit(":", 1)[1].split("/")[0])
-        server = serve.Server("s", port, str(tmp_path / "server.log"), procs[0].pid, api_profile=str(prof))
-        got = serve.api_profile_run(str(tmp_path), server, {"serving_dir": tiny_llama}, None, "vanilla",
-                                    ["--dataset-name", "random", "--random-input-len", "16", "--random-output-len",
-                                     "4", "--random-range-ratio", "0"], "inf", 3, run_mark=7)
+        server = serve_servers.Server("s", port, str(tmp_path / "server.log"), procs[0].pid, api_profile=str(prof))
+        got = serve_rounds.api_profile_run(str(tmp_path), server, {"serving_dir": tiny_llama}, None, "vanilla",
+                                           ["--dataset-name", "random", "--random-input-len", "16",
+                                            "--random-output-len", "4", "--random-range-ratio", "0"], "inf", 3,
+                                           run_mark=7)
         assert got["requests"] == 3 and got["output_tokens"] == 3 * 4, got
         assert got["calls_per_token"] > 50 and (tmp_path / "api_profile_vanilla.prof").exists(), got
 
         # rounds --api-sample's run: the same, with py-spy sampling the API server from outside
         # (a run long enough for the API server's request path to be sampled, not only the
         # metrics page the meters read around it)
-        sampled = serve.api_sample_run(str(tmp_path), server, {"serving_dir": tiny_llama}, None, "vanilla",
-                                       ["--dataset-name", "random", "--random-input-len", "16", "--random-output-len",
-                                        "48", "--random-range-ratio", "0"], "inf", 16, run_mark=8)
+        sampled = serve_rounds.api_sample_run(str(tmp_path), server, {"serving_dir": tiny_llama}, None, "vanilla",
+                                              ["--dataset-name", "random", "--random-input-len", "16",
+                                               "--random-output-len", "48", "--random-range-ratio", "0"], "inf", 16,
+                                              run_mark=8)
         assert sampled["requests"] == 16 and sampled["output_tokens"] == 16 * 48, sampled
         assert sampled["samples"] > 0 and sampled["gil_us_per_token"] > 0, sampled
         stacks = (tmp_path / "api_sample_vanilla.txt").read_text()

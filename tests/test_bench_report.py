@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.xmix_bench import common, report, serve  # noqa: E402
+from benchmarks.xmix_bench import common, report, serve_configs, serve_rounds, serve_servers  # noqa: E402
 from benchmarks.xmix_bench.__main__ import main  # noqa: E402
 
 MODEL = "Llama-3.1-8B"
@@ -176,30 +176,31 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     merged = json.loads(open(lp).read())["models"][MODEL]
     assert merged["graph_memory"]["xmix_gib"] == 2.5 and merged["startup"]["xmix_s"] == 100.0
     assert "missed: 2.5 vs 1 GiB (+1.50 GiB)" in _row(open(md).read(), "CUDA-graph capture")
-    assert serve.configs_for(["steer_all", "router_mask"])["all_apps"] == ("xmix", ["steer_all"])
+    assert serve_configs.configs_for(["steer_all", "router_mask"])["all_apps"] == ("xmix", ["steer_all"])
     # the A/A calibration: the second server (plain vLLM again, or the plugin with nothing deployed) alone
-    assert serve.configs_for([], "plain") == {"vanilla": ("vanilla", None), "aa_plain": ("xmix", None)}
-    assert serve.configs_for([], "empty") == {"vanilla": ("vanilla", None), "aa_empty": ("xmix", None)}
+    assert serve_configs.configs_for([], "plain") == {"vanilla": ("vanilla", None), "aa_plain": ("xmix", None)}
+    assert serve_configs.configs_for([], "empty") == {"vanilla": ("vanilla", None), "aa_empty": ("xmix", None)}
     # --control: a third server (plain vLLM) measured right after vanilla in every round
-    assert list(serve.configs_for(["steer_all"], control=True))[:3] == ["vanilla", "aa_plain", "inactive"]
-    assert serve.configs_for(["steer_all"], control=True)["aa_plain"] == ("control", None)
-    assert "aa_plain" not in serve.configs_for(["steer_all"])
+    assert list(serve_configs.configs_for(["steer_all"], control=True))[:3] == ["vanilla", "aa_plain", "inactive"]
+    assert serve_configs.configs_for(["steer_all"], control=True)["aa_plain"] == ("control", None)
+    assert "aa_plain" not in serve_configs.configs_for(["steer_all"])
     # --control plain,empty: also the plugin with nothing deployed, each on its own server
-    both = serve.configs_for(["steer_all"], control="empty,plain")
+    both = serve_configs.configs_for(["steer_all"], control="empty,plain")
     assert list(both)[:4] == ["vanilla", "aa_plain", "aa_empty", "inactive"]
     assert both["aa_empty"] == ("control_empty", None) and both["aa_plain"] == ("control", None)
-    assert serve.configs_for(["steer_all"], control="plain") == serve.configs_for(["steer_all"], control=True)
+    assert (serve_configs.configs_for(["steer_all"], control="plain")
+            == serve_configs.configs_for(["steer_all"], control=True))
     with pytest.raises(ValueError, match="unknown server kind"):
-        serve.configs_for(["steer_all"], control="plain,emtpy")
+        serve_configs.configs_for(["steer_all"], control="plain,emtpy")
     # --alt-variants: the same deployment on a server with another graph-variant policy
-    alt = serve.configs_for(["steer_all", "probe_one"], alt="onoff")
+    alt = serve_configs.configs_for(["steer_all", "probe_one"], alt="onoff")
     assert alt["alt_inactive"] == ("alt", None) and alt["alt_steer_all"] == ("alt", ["steer_all"])
     assert alt["steer_all"] == ("xmix", ["steer_all"]) and "alt_all_apps" not in alt
-    assert not any(c.startswith("alt_") for c in serve.configs_for(["steer_all"]))
-    assert serve.ALT_VARIANTS["onoff"] == {"VLLM_XMIX_GRAPH_VARIANTS": "onoff"}
+    assert not any(c.startswith("alt_") for c in serve_configs.configs_for(["steer_all"]))
+    assert serve_configs.ALT_VARIANTS["onoff"] == {"VLLM_XMIX_GRAPH_VARIANTS": "onoff"}
     from vllm_xmix.runtime.variants import graph_variant_settings, piecewise_variant_setting
 
-    for mode, env in serve.ALT_VARIANTS.items():  # each mode's environment is one the runtime takes
+    for mode, env in serve_configs.ALT_VARIANTS.items():  # each mode's environment is one the runtime takes
         with pytest.MonkeyPatch.context() as mp:
             for k, v in env.items():
                 mp.setenv(k, v)
@@ -208,14 +209,14 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     with pytest.raises(SystemExit):
         main(["serve", "start", "--out", str(tmp_path / "x"), "--model", "m", "--alt-variants", "onof"])
     # rounds run A B C, C B A, ... (abba) so that a run's position in its round cancels over pairs
-    assert [serve.round_order(["a", "b", "c"], k) for k in range(3)] == [["a", "b", "c"], ["c", "b", "a"],
-                                                                          ["a", "b", "c"]]
-    assert serve.round_order(["a", "b"], 1, "fixed") == ["a", "b"]
+    assert [serve_rounds.round_order(["a", "b", "c"], k) for k in range(3)] == [["a", "b", "c"], ["c", "b", "a"],
+                                                                                 ["a", "b", "c"]]
+    assert serve_rounds.round_order(["a", "b"], 1, "fixed") == ["a", "b"]
     # --configs sets the order after vanilla (a witness such as aa_plain can sit mid-round)
-    known = serve.configs_for(["steer_all", "cast"], control=True)
-    assert list(serve.selected_configs(known, "cast,aa_plain,steer_all,cast,vanilla")) == [
+    known = serve_configs.configs_for(["steer_all", "cast"], control=True)
+    assert list(serve_configs.selected_configs(known, "cast,aa_plain,steer_all,cast,vanilla")) == [
         "vanilla", "cast", "aa_plain", "steer_all"]
-    assert list(serve.selected_configs(known, "steer_all")) == ["vanilla", "steer_all"]
+    assert list(serve_configs.selected_configs(known, "steer_all")) == ["vanilla", "steer_all"]
 
 
 def test_server_log_yields_the_capture_and_each_graph_variants_cost(tmp_path, caplog):
@@ -232,12 +233,12 @@ def test_server_log_yields_the_capture_and_each_graph_variants_cost(tmp_path, ca
     log = tmp_path / "xmix.log"
     log.write_text("".join(f"INFO 12-03 10:00:00 [graph_capture.py:1] {r.getMessage()}\n" for r in caplog.records)
                    + "INFO 12-03 10:00:01 [model_runner.py:748] Graph capturing finished in 49 secs, took 3.43 GiB\n")
-    got = serve.graph_capture(str(log))
+    got = serve_servers.graph_capture(str(log))
     assert got["graph_s"] == 49.0 and got["graph_gib"] == 3.43
     assert got["variants"] == costs
     plain = tmp_path / "vanilla.log"
     plain.write_text("INFO Graph capturing finished in 6 secs, took 0.98 GiB\n")
-    assert serve.graph_capture(str(plain)) == {"graph_s": 6.0, "graph_gib": 0.98}
+    assert serve_servers.graph_capture(str(plain)) == {"graph_s": 6.0, "graph_gib": 0.98}
 
 
 def test_a_single_round_inside_the_bound_is_unresolved_not_met():
@@ -308,7 +309,7 @@ def test_serving_timeline_counts_the_gaps_in_which_no_request_got_a_token():
     tokens of all requests count as stalls only while some request was in flight (worked out by
     hand: tokens at 20, 25, 30, 40, 45, 95, 130, 510, 515 ms; the 380 ms gap has no request
     in flight)."""
-    from benchmarks.xmix_bench.serve import timeline
+    from benchmarks.xmix_bench.serve_rounds import timeline
 
     res = {"start_times": [0.0, 0.01, 0.5], "ttfts": [0.02, 0.03, 0.01],
            "itls": [[0.005, 0.005, 0.1], [0.005, 0.05], [0.005]]}

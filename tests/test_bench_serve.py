@@ -52,11 +52,11 @@ def _serve_stop(out: str, env: dict) -> subprocess.CompletedProcess:
 
 def _assert_stopped(stop: subprocess.CompletedProcess, out: str) -> None:
     """The stop succeeded and no server recorded in OUT's servers.json runs any more."""
-    from benchmarks.xmix_bench import serve
+    from benchmarks.xmix_bench import serve_servers
 
     assert stop.returncode == 0, stop.stderr[-3000:]
     st = json.load(open(os.path.join(out, "servers.json")))
-    assert not any(serve.Server.from_record(r).alive() for r in st["servers"].values())
+    assert not any(serve_servers.Server.from_record(r).alive() for r in st["servers"].values())
 
 
 def test_chained_plans_end_with_one_alldone(tmp_path):
@@ -74,26 +74,26 @@ def test_chained_plans_end_with_one_alldone(tmp_path):
 def test_each_server_compiles_into_caches_of_its_own(tmp_path):
     """A server's compile caches live under <out>/caches/<server>; they are cold until a start
     has put something in one of them, and no two servers share one."""
-    from benchmarks.xmix_bench import serve
+    from benchmarks.xmix_bench import serve_servers
 
     out = str(tmp_path)
-    env, state = serve.server_caches(out, "vanilla", {"PATH": "/bin"})
+    env, state = serve_servers.server_caches(out, "vanilla", {"PATH": "/bin"})
     assert state == "cold" and env["PATH"] == "/bin"
-    assert set(serve.CACHE_VARS) <= set(env)
-    other, _ = serve.server_caches(out, "xmix", {})
-    for var in serve.CACHE_VARS:
+    assert set(serve_servers.CACHE_VARS) <= set(env)
+    other, _ = serve_servers.server_caches(out, "xmix", {})
+    for var in serve_servers.CACHE_VARS:
         assert env[var].startswith(os.path.join(out, "caches", "vanilla")) and env[var] != other[var]
     os.makedirs(env["VLLM_CACHE_ROOT"])  # an empty folder is no cache
-    assert serve.server_caches(out, "vanilla", {})[1] == "cold"
+    assert serve_servers.server_caches(out, "vanilla", {})[1] == "cold"
     os.makedirs(os.path.join(env["VLLM_CACHE_ROOT"], "modelinfos"))  # (vLLM's model registry: not compiled code)
     open(os.path.join(env["VLLM_CACHE_ROOT"], "modelinfos", "x.json"), "w").close()
-    assert serve.server_caches(out, "vanilla", {})[1] == "cold"
+    assert serve_servers.server_caches(out, "vanilla", {})[1] == "cold"
     os.makedirs(os.path.join(env["VLLM_CACHE_ROOT"], "torch_compile_cache", "abc"))
-    assert serve.server_caches(out, "vanilla", {})[1] == "warm"
+    assert serve_servers.server_caches(out, "vanilla", {})[1] == "warm"
     shutil.rmtree(os.path.join(env["VLLM_CACHE_ROOT"], "torch_compile_cache"))
     os.makedirs(os.path.join(env["TORCHINDUCTOR_CACHE_DIR"], "fxgraph"))
-    assert serve.server_caches(out, "vanilla", {})[1] == "warm"
-    assert serve.server_caches(out, "xmix", {})[1] == "cold"  # the other server's is its own
+    assert serve_servers.server_caches(out, "vanilla", {})[1] == "warm"
+    assert serve_servers.server_caches(out, "xmix", {})[1] == "cold"  # the other server's is its own
 
 
 @pytest.mark.slow

@@ -117,18 +117,18 @@ def main(args) -> int:
 
 
 def add_serve(args) -> str:
-    from . import serve
+    from . import serve_results
 
     runs = common.read_json(os.path.join(args.add_serve, "results.json"), []) or []
     if not runs:
         raise SystemExit(f"{args.add_serve}/results.json: no runs")
     model = args.model_name or common.model_name(runs[0].get("title", "").split(",")[0])
-    return serve.to_latest(args.latest, runs, model, rates=args.rates.split(",") if args.rates else None,
-                           configs=args.configs.split(",") if args.configs else None, command=args.command,
-                           fused_writes=args.fused_writes, commit=args.commit, date=args.date, title=args.workload,
-                           source=args.source or f"{args.add_serve}/results.json",
-                           card=args.card or (common.read_json(os.path.join(args.add_serve, "servers.json"), {})
-                                              or {}).get("card"))
+    card = args.card or (common.read_json(os.path.join(args.add_serve, "servers.json"), {}) or {}).get("card")
+    return serve_results.to_latest(args.latest, runs, model, rates=args.rates.split(",") if args.rates else None,
+                                   configs=args.configs.split(",") if args.configs else None, command=args.command,
+                                   fused_writes=args.fused_writes, commit=args.commit, date=args.date,
+                                   title=args.workload, source=args.source or f"{args.add_serve}/results.json",
+                                   card=card)
 
 
 # ------------------------------------------------------------------------------ the block
