@@ -16,6 +16,7 @@ for v in ${XMIX_TEST_VENVS:-.venv .venv-vllm032}; do
   $v/bin/python -m pytest -q -rs -n "${XMIX_TEST_WORKERS:-2}" --dist loadfile --durations=15 tests "$@"
   r=$?
   echo "[test] $v: pytest exit $r in $(( $(date +%s) - t0 )) s"
+  [ $r -eq 5 ] && echo "[test] $v: pytest collected no tests (exit 5): a failure"
   if [ $r -ne 0 ] && [ $rc -eq 0 ]; then rc=$r; fi
 done
 exit $rc
