@@ -99,6 +99,25 @@ def test_api_cpu_streams_every_chunk_and_meters_the_api_server():
 
 
 @pytest.mark.one_version
+def test_ttft_parts_splits_every_measured_request_s_ttft():
+    """`profile ttft-parts` against its real CPU server: each run's metrics cover exactly its
+    requests (vLLM counted one TTFT, queue and prefill per request), the parts add up to the
+    TTFT, no prompt came from the prefix cache, and a prompt longer than the server's context is
+    refused before a server starts."""
+    from benchmarks.xmix_bench.ttft_parts import ttft_parts
+
+    with pytest.raises(ValueError, match="--prompt 300"):
+        ttft_parts(["none"], prompt=300)
+    r = ttft_parts(["none", "probe_one"], requests=3, prompt=40, rounds=1)
+    for c in ("none", "probe_one"):
+        (run,) = r["configs"][c]["runs"]
+        assert run["prefix_cache_hits"] == 0, (c, run)
+        assert run["ttft_ms"] > 0 and run["prefill_ms"] > 0 and run["front_end_ms"] is not None, (c, run)
+        parts = run["queue_ms"] + run["prefill_ms"] + run["front_end_ms"]
+        assert abs(parts - run["ttft_ms"]) < 1e-3, (c, run)
+
+
+@pytest.mark.one_version
 def test_api_calls_profiles_exactly_the_measured_requests():
     """`profile api-calls`: the profile covers the measured requests (every token counted; a
     probe's per-chunk work shows as calls of the plugin's read assembly, which a request without

@@ -33,6 +33,8 @@ Actions:
   40 decoding ones) and for a decode step, and the functions with the most self time (cProfile).
 * ``stream``: the front end's host time per streamed chunk of a request with a probe
   (``stream.py``).
+* ``ttft-parts``: TTFT and its parts (queue, prefill, front end) by vLLM's metrics, one request
+  at a time on a real CPU server, apps off against each app (``ttft_parts.py``).
 * ``norm-call``: host microseconds per call of a norm hosting hook sites with apps off (with
   ``--on``: with its sites' writes on, steering's path), against vLLM's add + RMSNorm called
   directly (what a step without CUDA graphs pays per hosted norm; on a GPU machine the tensors
@@ -129,6 +131,12 @@ def add_arguments(p) -> None:
     a.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     a.add_argument("--rounds", type=int, default=3, help="interleaved rounds (after a warm-up)")
     a.add_argument("--json", help="write the result here")
+    tp = sub.add_parser("ttft-parts", help="TTFT and its parts, one request at a time, real CPU server, per app")
+    tp.add_argument("--configs", default="none,probe_one", help="apps on per request (none: apps off)")
+    tp.add_argument("--requests", type=int, default=40, help="requests per run")
+    tp.add_argument("--prompt", type=int, default=200, help="prompt tokens (1-250)")
+    tp.add_argument("--rounds", type=int, default=4, help="interleaved rounds (after a warm-up)")
+    tp.add_argument("--json", help="write the result here")
     ac = sub.add_parser("api-calls", help="the API server's Python calls per streamed chunk, real CPU servers")
     ac.add_argument("--configs", default="plain,empty,none,probe_one,steer_all",
                     help="as for api-cpu; the first is what the others are compared with")
@@ -207,6 +215,17 @@ def main(args) -> int:
                   f"({v['api_us_per_token']:.1f} per token), engine core {v['engine_us_per_chunk']:.1f} "
                   f"(median of {len(v['runs'])} runs of {r['requests']} requests x {r['tokens']} tokens, "
                   f"{r['concurrency']} at a time)")
+        return 0
+    if args.action == "ttft-parts":
+        from .ttft_parts import ttft_parts
+
+        r = ttft_parts(args.configs.split(","), args.requests, args.prompt, args.rounds)
+        if args.json:
+            common.write_json(args.json, r)
+        for c, v in r["configs"].items():
+            print(f"{c}: TTFT {v['ttft_ms']:.3f} ms = queue {v['queue_ms']:.3f} + prefill {v['prefill_ms']:.3f} "
+                  f"+ front end {v['front_end_ms']:.3f} (vLLM's metrics; client {v['client_ttft_median_ms']:.3f}; "
+                  f"median of {len(v['runs'])} runs of {r['requests']} requests one at a time, prompt {r['prompt']})")
         return 0
     if args.action == "api-calls":
         from .api_calls import api_calls, report
