@@ -245,19 +245,19 @@ class StreamDelta:
         self._layers: dict[tuple[str, str], int] = {}  # (app, name) -> layers it has (of _n_parts parts)
         self._n_parts = 0
         self._taken = 0  # chunks (in arrival order) looked at: every chunk before this one
-        self._heads: dict[tuple, str] = {}  # (app, name, layer) -> '{"app":{"name":{"pos0":' (take_text)
         self._fast: list | None = None  # take_text's state while on its path (_start_fast)
-        self._fastm: list | None = None  # the same for several probe values a step (_start_multi)
 
     def take_text(self, acc: ReadResults | None, upto: int | None = None) -> str | None:
         """:meth:`take`'s result as JSON text, for the common case of streamed decode steps only:
-        the new chunks are one probe's single values at the next positions to send (one per
-        step; several when the stream merged outputs), of a read at one layer already streamed,
-        and there are no trigger records. None otherwise (then call :meth:`take`). Looks at the
+        the new chunks are whole steps, each one value of the same probe read entries (one read,
+        a probe at several layers, several probes), each at its next position to send (one step
+        a chunk; several when the stream merged outputs), every entry already streamed, and
+        there are no trigger records. None otherwise (then call :meth:`take`). Looks at the
         chunks where they arrived, without assembling: once a stream is on this path, a streamed
-        token of a request with a probe costs a few comparisons, one ``struct`` unpack and one
-        string (its read and next position are kept in ``_fast``, written back into the
-        per-read state by :meth:`_sync` when anything else looks at it)."""
+        token costs a few comparisons, one ``struct`` unpack and one string per entry, put into
+        a JSON template made once (:meth:`_start_fast`; the entries and their next position are
+        kept in ``_fast``, written back into the per-read state by :meth:`_sync` when anything
+        else looks at it)."""
         if acc is None or acc.triggers is not None:
             return None
         raw, parsed = acc._raw, acc._parsed
@@ -265,66 +265,26 @@ class StreamDelta:
         k1 = (acc.n_chunks if upto is None else upto) - parsed
         if k0 < 0 or k1 <= k0 or k1 > len(raw):
             return None
-        c = raw[k0]
-        if self._fastm is not None or (k1 > k0 + 1 and raw[k0 + 1][4] == c[4]):  # several reads a step
-            return self._take_multi(raw, k0, k1, parsed)
         fast = self._fast
-        if fast is None or c[4] != fast[3] or c[0] != fast[0] or c[1] != fast[1] or c[2] != fast[2]:
-            fast = self._start_fast(c)
+        c = raw[k0]
+        if fast is None or c[4] != fast[1] or c[0] != fast[0][0][0] or c[1] != fast[0][0][1] or c[2] != fast[0][0][2]:
+            fast = self._start_fast(raw, k0, k1)
             if fast is None:
                 return None
-        if c[5] != 1 or c[3] != "probe":
-            return None
-        (x,) = _F32_UNPACK(c[7])
-        pos0 = fast[3]
-        if k1 == k0 + 1:  # one decode step (x - x is 0.0 for finite floats, NaN otherwise)
-            fast[3] = pos0 + 1
-            self._taken = k1 + parsed
-            return f'{fast[4]}{pos0},"values":[{x!r}]}}}}}}' if x - x == 0.0 else f'{fast[4]}{pos0},"values":[null]}}}}}}'
-        vals = [x]
-        for c in raw[k0 + 1:k1]:  # merged outputs: each a decode step of the same read, in order
-            if (c[4] != pos0 + len(vals) or c[5] != 1 or c[3] != "probe" or c[0] != fast[0] or c[1] != fast[1]
-                    or c[2] != fast[2]):
-                return None
-            vals += _F32_UNPACK(c[7])
-        fast[3] = pos0 + len(vals)
-        self._taken = k1 + parsed
-        body = ",".join(repr(v) if v - v == 0.0 else "null" for v in vals)
-        return f'{fast[4]}{pos0},"values":[{body}]}}}}}}'
-
-    def _start_fast(self, c: tuple) -> list | None:
-        """The fast path's state for chunk ``c`` (``[app, name, layer, next position, JSON head,
-        first position]``) if it is a probe's single value at the next position of a read at one
-        layer already streamed, else None."""
-        self._sync()
-        app, name, layer, tag, pos0, n, width, data = c
-        key = (app, name, layer)
-        if tag != "probe" or n != 1 or self._sent.get(key) != pos0 or self._layers.get((app, name)) != 1:
-            return None
-        head = self._heads.get(key)
-        if head is None:
-            head = self._heads[key] = f'{{{json.dumps(app)}:{{{json.dumps(name)}:{{"pos0":'
-        self._fast = [app, name, layer, pos0, head, pos0]
-        return self._fast
-
-    def _take_multi(self, raw: list, k0: int, k1: int, parsed: int) -> str | None:
-        """:meth:`take_text` for steps that each hold one value of several probe read entries (a
-        probe at several layers, several probes): chunks ``k0 .. k1 - 1`` of ``raw`` must be
-        whole steps, each the same read entries in the same order, each at its next position
-        (the same for all); their JSON is the template :meth:`_start_multi` made with each
-        entry's ``{"pos0", "values"}`` put in. None otherwise."""
-        fm = self._fastm
-        c = raw[k0]
-        if fm is None or c[4] != fm[1] or (c[0], c[1], c[2]) != fm[0][0]:
-            fm = self._start_multi(raw, k0, k1)
-            if fm is None:
-                return None
-        keys, pos0, segs = fm[0], fm[1], fm[2]
+        keys, pos0, segs = fast[0], fast[1], fast[2]
         k = len(keys)
+        if k == 1 and k1 == k0 + 1:  # one read's one decode step, the commonest chunk (c is its entry's, at pos0)
+            if c[5] != 1 or c[3] != "probe":
+                return None
+            (x,) = _F32_UNPACK(c[7])
+            fast[1] = pos0 + 1
+            self._taken = k1 + parsed
+            return (f'{segs[0]}{{"pos0":{pos0},"values":[{x!r}]}}{segs[1]}' if x - x == 0.0
+                    else f'{segs[0]}{{"pos0":{pos0},"values":[null]}}{segs[1]}')
         m, rest = divmod(k1 - k0, k)
         if rest:
             return None
-        if m == 1:  # one decode step (the common chunk)
+        if m == 1:  # one decode step, the common chunk (x - x is 0.0 for finite floats, NaN otherwise)
             text = [segs[0]]
             for j in range(k):
                 c = raw[k0 + j]
@@ -334,32 +294,30 @@ class StreamDelta:
                 (x,) = _F32_UNPACK(c[7])
                 text.append(f'{{"pos0":{pos0},"values":[{x!r}]}}{segs[j + 1]}' if x - x == 0.0
                             else f'{{"pos0":{pos0},"values":[null]}}{segs[j + 1]}')
-            fm[1] = pos0 + 1
-            self._taken = k1 + parsed
-            return "".join(text)
-        vals: list[list] = [[] for _ in range(k)]
-        i = k0
-        for pos in range(pos0, pos0 + m):
+        else:  # merged outputs: m whole steps, in order
+            vals: list[list] = [[] for _ in range(k)]
+            i = k0
+            for pos in range(pos0, pos0 + m):
+                for j in range(k):
+                    c = raw[i]
+                    key = keys[j]
+                    if c[4] != pos or c[5] != 1 or c[3] != "probe" or c[0] != key[0] or c[1] != key[1] or c[2] != key[2]:
+                        return None
+                    vals[j] += _F32_UNPACK(c[7])
+                    i += 1
+            text = [segs[0]]
             for j in range(k):
-                c = raw[i]
-                key = keys[j]
-                if c[4] != pos or c[5] != 1 or c[3] != "probe" or c[0] != key[0] or c[1] != key[1] or c[2] != key[2]:
-                    return None
-                vals[j] += _F32_UNPACK(c[7])
-                i += 1
-        fm[1] = pos0 + m
+                body = ",".join(repr(v) if v - v == 0.0 else "null" for v in vals[j])
+                text.append(f'{{"pos0":{pos0},"values":[{body}]}}{segs[j + 1]}')
+        fast[1] = pos0 + m
         self._taken = k1 + parsed
-        text = [segs[0]]
-        for j in range(k):
-            body = ",".join(repr(v) if v - v == 0.0 else "null" for v in vals[j])
-            text.append(f'{{"pos0":{pos0},"values":[{body}]}}{segs[j + 1]}')
         return "".join(text)
 
-    def _start_multi(self, raw: list, k0: int, k1: int) -> list | None:
-        """:meth:`_take_multi`'s state (``[read entries (app, name, layer) in step order, next
+    def _start_fast(self, raw: list, k0: int, k1: int) -> list | None:
+        """:meth:`take_text`'s state (``[read entries (app, name, layer) in step order, next
         position, JSON template: k + 1 texts around the entries' values, first position]``)
-        if chunk ``k0`` starts a step of several probe values, each a read entry already
-        streamed at the step's position; else None. The template nests the entries as
+        if chunk ``k0`` starts a step of probe values (one or several), each a read entry
+        already streamed at the step's position; else None. The template nests the entries as
         :meth:`take` does (:meth:`_put`: under the layer for a read at several layers)."""
         self._sync()
         pos = raw[k0][4]
@@ -372,8 +330,6 @@ class StreamDelta:
             if tag != "probe" or n != 1 or self._sent.get(key) != pos or key in keys:
                 return None
             keys.append(key)
-        if len(keys) < 2:
-            return None
         out: dict = {}
         marks = [f"@xmix-entry-{j}@" for j in range(len(keys))]
         for (app, name, layer), mark in zip(keys, marks):
@@ -390,24 +346,18 @@ class StreamDelta:
             head, text = text.split(q)
             segs.append(head)
         segs.append(text)
-        self._fastm = [keys, pos, segs, pos]
-        return self._fastm
+        self._fast = [keys, pos, segs, pos]
+        return self._fast
 
     def _sync(self) -> None:
-        """Write the fast path's progress (positions sent, chunks looked at: one per position)
-        back into the per-read state and leave the fast path."""
+        """Write the fast path's progress (positions sent, chunks looked at: one per position
+        and entry) back into the per-read state and leave the fast path."""
         fast = self._fast
         if fast is not None:
-            key = (fast[0], fast[1], fast[2])
-            self._sent[key] = fast[3]
-            self._seen[key] = self._seen.get(key, 0) + fast[3] - fast[5]
+            for key in fast[0]:
+                self._sent[key] = fast[1]
+                self._seen[key] = self._seen.get(key, 0) + fast[1] - fast[3]
             self._fast = None
-        fm = self._fastm
-        if fm is not None:
-            for key in fm[0]:
-                self._sent[key] = fm[1]
-                self._seen[key] = self._seen.get(key, 0) + fm[1] - fm[3]
-            self._fastm = None
 
     def take(self, acc: ReadResults | None, upto: int | None = None) -> dict:
         """The values new since the last call, of the first ``upto`` chunks of ``acc`` (the
