@@ -250,16 +250,18 @@ def rounds(args) -> int:
         args._parser.error(f"--configs/--profile: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
     if profiled and not st.get("profiler"):
         args._parser.error("--profile: the servers were started without --profiler")
-    api_profiled = [c for c in args.api_profile.split(",") if c]
-    unknown = sorted(set(api_profiled) - set(configs))
-    if unknown:
-        args._parser.error(f"--api-profile: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
+    def known(text: str, flag: str) -> list[str]:
+        """The configurations a comma-separated option names, each one of ``configs``."""
+        names = [c for c in text.split(",") if c]
+        unknown = sorted(set(names) - set(configs))
+        if unknown:
+            args._parser.error(f"{flag}: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
+        return names
+
+    api_profiled = known(args.api_profile, "--api-profile")
     if api_profiled and not st.get("profile_api"):
         args._parser.error("--api-profile: the servers were started without --profile-api")
-    api_sampled = [c for c in args.api_sample.split(",") if c]
-    unknown = sorted(set(api_sampled) - set(configs))
-    if unknown:
-        args._parser.error(f"--api-sample: unknown configuration(s) {unknown}; known: {', '.join(configs)}")
+    api_sampled = known(args.api_sample, "--api-sample")
     if api_sampled:
         try:
             api_sample.py_spy_path()
