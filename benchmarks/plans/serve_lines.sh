@@ -14,6 +14,8 @@
 # server (`serve rounds --api-sample`: GIL-held microseconds per output token, the functions that
 # grew; ~2 min). API_CONFIGS (default inactive,probe_one,all_apps): the configurations sampled
 # beside plain vLLM. py-spy: on PATH, or XMIX_PY_SPY, or carried as .gpu/bin/py-spy.
+# API_R16=1: the sampled runs at rate 16 with the rate-16 steps' workload (400 prompts) in place
+# of saturation.
 # R16_APPS (default: every app): the apps of the rate-16 steps (apps off always runs, last).
 # RECORD_STEPS=1: the servers record every engine step they run (`serve start --record-steps`:
 # each run's decode and prefill-carrying step periods and the scheduler's host time in results.json).
@@ -79,7 +81,8 @@ model() {
   fi
   echo ${T}SAT
   if has ${T}API; then
-    $B serve rounds --out $S --no-latest --rates inf --num-prompts 1000 --warmup 0 --repeats 0 \
+    local AW="--rates inf --num-prompts 1000"; [ "${API_R16:-0}" = 1 ] && AW="${R16% --repeats 2}"
+    $B serve rounds --out $S --no-latest $AW --warmup 0 --repeats 0 \
       --api-sample ${API_CONFIGS:-inactive,probe_one,all_apps} > $R/${t}api_sample.log 2>&1; echo "rc=$?"
     cp $S/api_sample.json $R/${t}api_sample.json 2>/dev/null
     for f in $S/api_sample_*.txt; do [ -f "$f" ] && gzip -c "$f" > $R/$t$(basename "$f").gz; done
