@@ -17,6 +17,8 @@
 # API_R16=1: the sampled runs at rate 16 with the rate-16 steps' workload (400 prompts) in place
 # of saturation.
 # R16_APPS (default: every app): the apps of the rate-16 steps (apps off always runs, last).
+# SAT_APPS (default: every app, all_apps and steer_all_K256): the configurations of the
+# saturation steps (apps off always runs, last).
 # RECORD_STEPS=1: the servers record every engine step they run (`serve start --record-steps`:
 # each run's decode and prefill-carrying step periods and the scheduler's host time in results.json).
 # PIN_CPUS=1: each server and the client on physical CPU cores of their own (`serve start
@@ -77,7 +79,7 @@ model() {
   echo ${T}R16
   if has ${T}SAT; then
     $B serve rounds --out $S --latest $S/latest.json $SAT --warmup 1 --warmup-prompts 200 \
-      --configs $PRE$APPS,all_apps,steer_all_K256,inactive > $R/${t}sat.log 2>&1; echo "rc=$?"
+      --configs $PRE${SAT_APPS:-$APPS,all_apps,steer_all_K256},inactive > $R/${t}sat.log 2>&1; echo "rc=$?"
   fi
   echo ${T}SAT
   if has ${T}API; then
