@@ -317,6 +317,10 @@ def test_serving_timeline_counts_the_gaps_in_which_no_request_got_a_token():
     assert (tl["stalls"], tl["stall_total_ms"], tl["stall_max_ms"]) == (2, 85.0, 50.0)
     assert tl["ttft_pct_ms"]["p50"] == 20.0 and tl["ttfts_ms"] == [20.0, 30.0, 10.0]
     assert timeline({"start_times": [], "ttfts": [], "itls": []}) == {}
+    assert "chunks_per_output_token" not in tl  # (no output_lens: not counted)
+    # chunks: 4 + 3 + 2 = 9 for 4 + 6 + 2 = 12 output tokens (the second stream merged outputs)
+    res["output_lens"] = [4, 6, 2]
+    assert timeline(res)["chunks_per_output_token"] == 0.75
 
 
 def test_steps_pairs_each_requests_ttft_with_the_first_configuration():

@@ -175,7 +175,11 @@ def timeline(res: dict, stall_ms: float = 20.0) -> dict:
     run's merged token timeline (every streamed token's arrival at the client, while some
     request was in flight) the gaps of at least ``stall_ms`` in which no request received a
     token: how many, their total and the longest (ms). A cost per engine step spreads over
-    every request; a stall of the engine (or of the server's event loop) shows as such gaps."""
+    every request; a stall of the engine (or of the server's event loop) shows as such gaps.
+    With ``output_lens``: ``chunks_per_output_token``, the streamed chunks that brought text
+    (the first, and one per ITL entry) over the output tokens: 1.0 where every token came in a
+    chunk of its own, less where the server merged the outputs of a stream that lagged (the
+    front end's cost per chunk is then spread over several tokens)."""
     import numpy as np
 
     starts, ttfts, itls = res.get("start_times") or [], res.get("ttfts") or [], res.get("itls") or []
@@ -198,10 +202,15 @@ def timeline(res: dict, stall_ms: float = 20.0) -> dict:
     waiting = (np.searchsorted(np.sort(lo), mid) - np.searchsorted(np.sort(hi), mid)) > 0
     big = d[(d * 1e3 >= stall_ms) & waiting] * 1e3
     q = np.percentile(np.array(ttfts) * 1e3, [10, 25, 50, 75, 90, 99])
-    return {"ttft_pct_ms": dict(zip(["p10", "p25", "p50", "p75", "p90", "p99"], [round(float(x), 2) for x in q])),
-            "stall_ms": stall_ms, "stalls": int(big.size), "stall_total_ms": round(float(big.sum()), 1),
-            "stall_max_ms": round(float(big.max()), 1) if big.size else 0.0,
-            "ttfts_ms": [round(float(x) * 1e3, 2) for x in ttfts]}
+    out = {"ttft_pct_ms": dict(zip(["p10", "p25", "p50", "p75", "p90", "p99"], [round(float(x), 2) for x in q])),
+           "stall_ms": stall_ms, "stalls": int(big.size), "stall_total_ms": round(float(big.sum()), 1),
+           "stall_max_ms": round(float(big.max()), 1) if big.size else 0.0,
+           "ttfts_ms": [round(float(x) * 1e3, 2) for x in ttfts]}
+    lens = res.get("output_lens") or []
+    if len(lens) == len(ttfts) and sum(lens):  # (the requests that got a first token)
+        got = [(len(g) + 1, n) for f, g, n in zip(ttfts, itls, lens) if f]
+        out["chunks_per_output_token"] = round(sum(c for c, _ in got) / max(sum(n for _, n in got), 1), 4)
+    return out
 
 
 def round_order(names: list[str], k: int, order: str = "abba") -> list[str]:
@@ -314,7 +323,7 @@ def rounds(args) -> int:
                       f"tput {res['total_token_throughput']:.0f} tok/s  ttft p50 "
                       f"{tl.get('ttft_pct_ms', {}).get('p50', float('nan')):.2f} ms  stalls >= {tl.get('stall_ms')} ms: "
                       f"{tl.get('stalls')} ({tl.get('stall_total_ms')} ms, longest {tl.get('stall_max_ms')})  "
-                      f"cpu: {cpu_summary(res.get('cpu') or {})}  "
+                      f"chunks/token {tl.get('chunks_per_output_token', 'n/a')}  cpu: {cpu_summary(res.get('cpu') or {})}  "
                       f"vLLM metrics: {server_metrics.summary(res.get('server_metrics') or {})}"
                       + (f"  engine steps: {engine_steps.summary(res['engine_steps'])}" if "engine_steps" in res
                          else ""), flush=True)
