@@ -64,9 +64,12 @@ def ttft_parts(configs: list[str], requests: int = 40, prompt: int = 200, rounds
     out: dict = {"configs": {c: {"runs": []} for c in configs}, "requests": requests, "prompt": prompt,
                  "rounds": rounds, "commit": common.git_commit(), "date": common.today(),
                  "command": common.command_line()}
+    import os
     import tempfile
 
-    proc, url = api_cpu._start(model, deployment, tempfile.mktemp(prefix="xmix-ttft-", suffix=".log"))
+    log = os.path.join(tempfile.mkdtemp(prefix="xmix-ttft-"), "server.log")  # (kept: the server's log)
+    out["server_log"] = log
+    proc, url = api_cpu._start(model, deployment, log)
     next_id = 0
     try:
         for c in configs:  # warm-up
