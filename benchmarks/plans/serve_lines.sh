@@ -45,7 +45,8 @@ for step in $STEPS; do  # a misspelt step would run nothing and still print ever
 done
 echo "steps:$STEPS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
-R16="--rates 16 --num-prompts 400 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128 --repeats 2"
+R16W="--rates 16 --num-prompts 400 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128"  # (the rate-16 workload)
+R16="$R16W --repeats 2"
 SAT="--rates inf --num-prompts 1000 --repeats 2"
 # apps off last: with ABBA rounds it runs at the centre of each pair of rounds, where a hump in
 # the machine's speed (seen 2026-12-06: the runs around the rounds' boundary slower) would show on
@@ -83,7 +84,7 @@ model() {
   fi
   echo ${T}SAT
   if has ${T}API; then
-    local AW="--rates inf --num-prompts 1000"; [ "${API_R16:-0}" = 1 ] && AW="${R16% --repeats 2}"
+    local AW="--rates inf --num-prompts 1000"; [ "${API_R16:-0}" = 1 ] && AW="$R16W"
     $B serve rounds --out $S --no-latest $AW --warmup 0 --repeats 0 \
       --api-sample ${API_CONFIGS:-inactive,probe_one,all_apps} > $R/${t}api_sample.log 2>&1; echo "rc=$?"
     cp $S/api_sample.json $R/${t}api_sample.json 2>/dev/null
