@@ -26,7 +26,7 @@ Terms (ms):
 Per run: the recorded mean ITL, P99 ITL and mean TTFT, the count and median period of decode and
 mixed steps, the long steps (period above twice the decode median: count, summed period), the
 median host time of ``schedule()`` in decode steps, the share of slow launches among mixed steps
-of up to 512 tokens (the largest CUDA graph), and the steps' P99. Per configuration and round
+of up to 512 tokens (the largest CUDA graph) and their median launch, and the steps' P99. Per configuration and round
 against plain vLLM: mixed steps by token count (pre + own gap, median), the swaps, and the
 inter-token samples above plain vLLM's recorded P99 in pre gaps, own gaps and the rest.
 Printed, and written to ``--out`` (JSON) when given.
@@ -130,6 +130,8 @@ def run_row(s: dict, slow_ms: float) -> dict:
             "long_n": int(long.sum()), "long_period_sum": float(p[long].sum()),
             "schedule_decode_median": float(np.median(s["schedule"][d])),
             "slow_launch_share": float(np.mean(s["launch"][small] > slow_ms)) if small.any() else None,
+            "slow_launch_median": (float(np.median(s["launch"][small][s["launch"][small] > slow_ms]))
+                                   if (s["launch"][small] > slow_ms).any() else None),
             "steps_p99": steps_p99(s)}
 
 
@@ -210,14 +212,15 @@ def table(a: dict, base: str = "vanilla") -> str:
 
     lines = [f"commit {a['commit']}, rate {a['rate']}",
              "config r | mean ITL, P99 ITL, mean TTFT (recorded) | decode n, median | mixed n (>512), median "
-             "| long n, sum | schedule (decode) | slow launches | steps' P99"]
+             "| long n, sum | schedule (decode) | slow launches: share, median | steps' P99"]
     for config, rounds in a["runs"].items():
         for rnd, x in sorted(rounds.items()):
             r, s = x["result"], x["steps"]
             lines.append(f"{config} {rnd} | {f(r['mean_itl_ms'])} {f(r['p99_itl_ms'])} {f(r['mean_ttft_ms'])} | "
                          f"{s['decode_n']} {f(s['decode_period_median'])} | {s['mixed_n']} ({s['mixed_gt512_n']}) "
                          f"{f(s['mixed_period_median'])} | {s['long_n']} {s['long_period_sum']:.0f} | "
-                         f"{s['schedule_decode_median']:.3f} | {f(s['slow_launch_share'])} | {s['steps_p99']:.2f}")
+                         f"{s['schedule_decode_median']:.3f} | {f(s['slow_launch_share'])}, {f(s['slow_launch_median'])} | "
+                         f"{s['steps_p99']:.2f}")
     lines.append(f"against {base}, same round: pre + own gap of mixed steps per token bin (median, config / {base}); "
                  f"steps' P99 with {base}'s pre / own / both gaps swapped in; samples above {base}'s recorded P99 "
                  "(pre / own / other, config vs base)")
