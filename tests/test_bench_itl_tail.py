@@ -89,6 +89,8 @@ def test_analyse_a_serving_folder(tmp_path):
     assert mine["pre"] == sum(range(8, 28)) and base["pre"] == 0
     assert c["bins"]["257-512"]["n"] == [20, 20]
     assert c["bins"]["257-512"]["pair_median"][0] == pytest.approx(c["bins"]["257-512"]["pair_median"][1] + 12.0, abs=0.02)
+    lo, hi = c["bins"]["257-512"]["pair_ratio_ci95"]  # every pair 12 ms longer: (21 + 12) / 21 or so
+    assert 0.5 < lo <= hi < 0.65
     assert "steer_all 1" in itl_tail.table(a)
 
 

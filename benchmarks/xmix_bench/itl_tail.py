@@ -29,6 +29,8 @@ median host time of ``schedule()`` in decode steps, the share of slow launches a
 of up to 512 tokens (the largest CUDA graph) and their median launch, and the steps' P99. Per configuration and round
 against plain vLLM: mixed steps by token count (pre + own gap, median), the swaps, and the
 inter-token samples above plain vLLM's recorded P99 in pre gaps, own gaps and the rest.
+A bin's pre + own gap carries a 95% bootstrap interval of its ratio to plain vLLM's: what a
+difference of medians there resolves.
 Printed, and written to ``--out`` (JSON) when given.
 """
 
@@ -42,6 +44,8 @@ HELP = "a served run's P99 ITL from its recorded engine steps: which gaps set it
 
 #: token-count bins of mixed steps (the largest CUDA graph: 512 tokens)
 BINS = ((1, 256), (257, 512), (513, None))
+#: resamples of a bin's ratio of medians (its 95% interval: ``pair_ratio_ci95``)
+BOOTSTRAP = 1000
 
 
 def add_arguments(p) -> None:
@@ -137,19 +141,27 @@ def run_row(s: dict, slow_ms: float) -> dict:
 
 def compare(s: dict, b: dict, base_p99: float) -> dict:
     """Run ``s`` against plain vLLM's run ``b`` of the same round: pre + own gap of mixed steps
-    per token bin (median, and count), the swaps, and inter-token samples above ``base_p99``
+    per token bin (median, count, and the 95% bootstrap interval of the ratio of the medians
+    less 1, from bins of at least 10 steps each), the swaps, and inter-token samples above ``base_p99``
     (plain vLLM's recorded P99) per kind of gap, for both runs."""
     import numpy as np
 
     bins = {}
+    rng = np.random.default_rng(0)
     for lo, hi in BINS:
-        cell = []
+        pairs = []
         for r in (s, b):
             k = np.flatnonzero(r["mixed"] & (r["tokens"] >= lo) & (r["tokens"] <= (hi or np.inf)))
             k = k[k >= 2]
-            pair = r["gap"][k - 1] + r["gap"][k]
-            cell.append((int(len(k)), float(np.median(pair)) if len(k) else None))
-        bins[f"{lo}-{hi or ''}"] = {"n": [cell[0][0], cell[1][0]], "pair_median": [cell[0][1], cell[1][1]]}
+            pairs.append(r["gap"][k - 1] + r["gap"][k])
+        ci = None
+        if min(len(pairs[0]), len(pairs[1])) >= 10:  # the ratio of medians, resampled: what the bin resolves
+            ratios = [np.median(rng.choice(pairs[0], len(pairs[0]))) / np.median(rng.choice(pairs[1], len(pairs[1])))
+                      for _ in range(BOOTSTRAP)]
+            ci = [float(x) - 1.0 for x in np.percentile(ratios, [2.5, 97.5])]
+        bins[f"{lo}-{hi or ''}"] = {"n": [len(pairs[0]), len(pairs[1])],
+                                    "pair_median": [float(np.median(x)) if len(x) else None for x in pairs],
+                                    "pair_ratio_ci95": ci}
 
     def above(r):
         big = ~np.isnan(r["gap"]) & (r["gap"] > base_p99) & (r["w"] > 0)
@@ -226,8 +238,9 @@ def table(a: dict, base: str = "vanilla") -> str:
                  "(pre / own / other, config vs base)")
     for config, rounds in a["vs_base"].items():
         for rnd, c in sorted(rounds.items()):
-            bins = "  ".join(f"{k}: {f(v['pair_median'][0])}/{f(v['pair_median'][1])} (n {v['n'][0]}/{v['n'][1]})"
-                             for k, v in c["bins"].items())
+            bins = "  ".join(f"{k}: {f(v['pair_median'][0])}/{f(v['pair_median'][1])} (n {v['n'][0]}/{v['n'][1]}"
+                             + (f", [{v['pair_ratio_ci95'][0]:+.1%}, {v['pair_ratio_ci95'][1]:+.1%}])"
+                                if v["pair_ratio_ci95"] else ")") for k, v in c["bins"].items())
             sw = c["swap_p99"]
             mine, theirs = c["samples_above_base_p99"]
             lines.append(f"{config} {rnd} | {bins} | swap {sw['pre']:.2f} / {sw['own']:.2f} / {sw['both']:.2f} | "
