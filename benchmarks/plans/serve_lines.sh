@@ -19,6 +19,8 @@
 # R16_APPS (default: every app): the apps of the rate-16 steps (apps off always runs, last).
 # SAT_APPS (default: every app, all_apps and steer_all_K256): the configurations of the
 # saturation steps (apps off always runs, last).
+# ROUNDS (default 2): interleaved rounds of the rate-16 and saturation steps (a P99 line rests on
+# ~30-40 gaps a run: `itl-tail`; more rounds resolve it).
 # RECORD_STEPS=1: the servers record every engine step they run (`serve start --record-steps`:
 # each run's decode and prefill-carrying step periods and the scheduler's host time in results.json).
 # PIN_CPUS=1: each server and the client on physical CPU cores of their own (`serve start
@@ -46,8 +48,8 @@ done
 echo "steps:$STEPS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
 R16W="--rates 16 --num-prompts 400 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128"  # (the rate-16 workload)
-R16="$R16W --repeats 2"
-SAT="--rates inf --num-prompts 1000 --repeats 2"
+R16="$R16W --repeats ${ROUNDS:-2}"
+SAT="--rates inf --num-prompts 1000 --repeats ${ROUNDS:-2}"
 # apps off last: with ABBA rounds it runs at the centre of each pair of rounds, where a hump in
 # the machine's speed (seen 2026-12-06: the runs around the rounds' boundary slower) would show on
 # a line expected at 0
