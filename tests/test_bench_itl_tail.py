@@ -89,6 +89,10 @@ def test_analyse_a_serving_folder(tmp_path):
     assert mine["pre"] == sum(range(8, 28)) and base["pre"] == 0
     assert c["bins"]["257-512"]["n"] == [20, 20]
     assert c["bins"]["257-512"]["pair_median"][0] == pytest.approx(c["bins"]["257-512"]["pair_median"][1] + 12.0, abs=0.02)
+    # every mixed step has 300-330 tokens: swapping that bin's gaps gives plain vLLM's P99, the other bins' nothing
+    p99_base, p99_cfg = (a["runs"][k]["1"]["steps"]["steps_p99"] for k in ("vanilla", "steer_all"))
+    assert c["bins"]["257-512"]["swap_p99"]["pre"] == pytest.approx(p99_base, abs=1e-9)
+    assert c["bins"]["1-256"]["swap_p99"]["both"] == pytest.approx(p99_cfg, abs=1e-9) and p99_cfg > p99_base + 2
     lo, hi = c["bins"]["257-512"]["pair_ratio_ci95"]  # every pair 12 ms longer: (21 + 12) / 21 or so
     assert 0.5 < lo <= hi < 0.65
     assert "steer_all 1" in itl_tail.table(a)

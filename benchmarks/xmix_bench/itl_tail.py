@@ -20,8 +20,8 @@ Terms (ms):
   API server's and the client's part of the client's inter-token latency: where it tracks the
   recorded P99, the tail is the engine's.
 * *swap*: the steps' P99 of a configuration's run with its gaps next to mixed steps (``pre``,
-  ``own`` or both) replaced by plain vLLM's of the same round: how much of the P99 excess those
-  gaps carry.
+  ``own`` or both; all mixed steps, or those of one token bin) replaced by plain vLLM's of the
+  same round: how much of the P99 excess those gaps carry.
 
 Per run: the recorded mean ITL, P99 ITL and mean TTFT, the count and median period of decode and
 mixed steps, the long steps (period above twice the decode median: count, summed period), the
@@ -103,20 +103,30 @@ def weighted_percentile(x, w, q: float) -> float:
     return float(x[min(np.searchsorted(c, q / 100.0 * c[-1]), len(x) - 1)])
 
 
-def _near(s: dict, part: str):
-    return {"pre": s["pre"], "own": s["mixed"], "both": s["pre"] | s["mixed"]}[part]
+def _near(s: dict, part: str, tokens: tuple | None = None):
+    """The gaps of kind ``part`` (``pre``, ``own``, ``both``) next to mixed steps, of the mixed
+    steps whose token count lies in ``tokens`` (``(lo, hi)``, ``hi`` None: no bound) only if given."""
+    import numpy as np
+
+    m = s["mixed"]
+    if tokens is not None:
+        lo, hi = tokens
+        m = m & (s["tokens"] >= lo) & (s["tokens"] <= (hi or np.inf))
+    pre = np.r_[m[1:], False] & ~s["mixed"]
+    return {"pre": pre, "own": m, "both": pre | m}[part]
 
 
-def steps_p99(s: dict, base: dict | None = None, part: str | None = None) -> float:
+def steps_p99(s: dict, base: dict | None = None, part: str | None = None, tokens: tuple | None = None) -> float:
     """The steps' P99 of run ``s`` (:func:`load_steps`); with ``base`` and ``part`` (``pre``,
-    ``own``, ``both``) the gaps of that kind replaced by ``base``'s (the swap)."""
+    ``own``, ``both``) the gaps of that kind replaced by ``base``'s (the swap), with ``tokens``
+    (``(lo, hi)``) only those next to mixed steps of that many tokens."""
     import numpy as np
 
     ok = ~np.isnan(s["gap"]) & (s["w"] > 0)
     if base is None:
         return weighted_percentile(s["gap"][ok], s["w"][ok], 99)
-    keep = ok & ~_near(s, part)
-    okb = ~np.isnan(base["gap"]) & (base["w"] > 0) & _near(base, part)
+    keep = ok & ~_near(s, part, tokens)
+    okb = ~np.isnan(base["gap"]) & (base["w"] > 0) & _near(base, part, tokens)
     return weighted_percentile(np.r_[s["gap"][keep], base["gap"][okb]], np.r_[s["w"][keep], base["w"][okb]], 99)
 
 
@@ -141,8 +151,8 @@ def run_row(s: dict, slow_ms: float) -> dict:
 
 def compare(s: dict, b: dict, base_p99: float) -> dict:
     """Run ``s`` against plain vLLM's run ``b`` of the same round: pre + own gap of mixed steps
-    per token bin (median, count, and the 95% bootstrap interval of the ratio of the medians
-    less 1, from bins of at least 10 steps each), the swaps, and inter-token samples above ``base_p99``
+    per token bin (median, count, the 95% bootstrap interval of the ratio of the medians less 1,
+    from bins of at least 10 steps each, and the swaps of that bin's gaps alone), the swaps, and inter-token samples above ``base_p99``
     (plain vLLM's recorded P99) per kind of gap, for both runs."""
     import numpy as np
 
@@ -161,7 +171,8 @@ def compare(s: dict, b: dict, base_p99: float) -> dict:
             ci = [float(x) - 1.0 for x in np.percentile(ratios, [2.5, 97.5])]
         bins[f"{lo}-{hi or ''}"] = {"n": [len(pairs[0]), len(pairs[1])],
                                     "pair_median": [float(np.median(x)) if len(x) else None for x in pairs],
-                                    "pair_ratio_ci95": ci}
+                                    "pair_ratio_ci95": ci,
+                                    "swap_p99": {part: steps_p99(s, b, part, (lo, hi)) for part in ("pre", "own", "both")}}
 
     def above(r):
         big = ~np.isnan(r["gap"]) & (r["gap"] > base_p99) & (r["w"] > 0)
@@ -233,14 +244,17 @@ def table(a: dict, base: str = "vanilla") -> str:
                          f"{f(s['mixed_period_median'])} | {s['long_n']} {s['long_period_sum']:.0f} | "
                          f"{s['schedule_decode_median']:.3f} | {f(s['slow_launch_share'])}, {f(s['slow_launch_median'])} | "
                          f"{s['steps_p99']:.2f}")
-    lines.append(f"against {base}, same round: pre + own gap of mixed steps per token bin (median, config / {base}); "
+    lines.append(f"against {base}, same round: pre + own gap of mixed steps per token bin (median, config / {base}, "
+                 f"the steps' P99 with {base}'s pre / own / both gaps of that bin alone swapped in); "
                  f"steps' P99 with {base}'s pre / own / both gaps swapped in; samples above {base}'s recorded P99 "
                  "(pre / own / other, config vs base)")
     for config, rounds in a["vs_base"].items():
         for rnd, c in sorted(rounds.items()):
             bins = "  ".join(f"{k}: {f(v['pair_median'][0])}/{f(v['pair_median'][1])} (n {v['n'][0]}/{v['n'][1]}"
-                             + (f", [{v['pair_ratio_ci95'][0]:+.1%}, {v['pair_ratio_ci95'][1]:+.1%}])"
-                                if v["pair_ratio_ci95"] else ")") for k, v in c["bins"].items())
+                             + (f", [{v['pair_ratio_ci95'][0]:+.1%}, {v['pair_ratio_ci95'][1]:+.1%}]"
+                                if v["pair_ratio_ci95"] else "")
+                             + f"; swap {v['swap_p99']['pre']:.2f}/{v['swap_p99']['own']:.2f}/{v['swap_p99']['both']:.2f})"
+                             for k, v in c["bins"].items())
             sw = c["swap_p99"]
             mine, theirs = c["samples_above_base_p99"]
             lines.append(f"{config} {rnd} | {bins} | swap {sw['pre']:.2f} / {sw['own']:.2f} / {sw['both']:.2f} | "
