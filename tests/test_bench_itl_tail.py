@@ -106,3 +106,10 @@ def test_a_round_without_the_base_run_is_an_error(tmp_path):
                                                          "result": {"p99_itl_ms": 1.0}}]))
     with pytest.raises(ValueError, match="not vanilla's"):
         itl_tail.analyse(str(tmp_path))
+
+
+def test_the_command_names_a_folder_without_results(tmp_path, capsys):
+    from benchmarks.xmix_bench.__main__ import main
+
+    assert main(["itl-tail", str(tmp_path)]) == 2
+    assert "no results.json" in capsys.readouterr().err

@@ -264,8 +264,14 @@ def table(a: dict, base: str = "vanilla") -> str:
 
 
 def main(args) -> int:
+    import sys
+
     configs = args.configs.split(",") if args.configs else None
-    a = analyse(args.serve_dir, args.rate, args.commit, args.base, configs, args.slow_ms)
+    try:
+        a = analyse(args.serve_dir, args.rate, args.commit, args.base, configs, args.slow_ms)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"itl-tail: {e}", file=sys.stderr)
+        return 2
     print(table(a, args.base))
     if args.out:
         with open(args.out, "w") as f:
