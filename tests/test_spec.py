@@ -310,3 +310,16 @@ def test_short_forms_and_refusals_a_user_meets_first(tmp_path):
         deploy()
     with pytest.raises(XmixSpecError, match=r"deploy: argument 0 is a list of 1; pass the apps as arguments"):
         deploy([_app()])
+
+
+def test_a_read_kind_without_its_primitive_names_the_primitive():
+    """An op is a write unless it says ``primitive: read``: a probe declared without it gets an
+    error that names the missing primitive, not only an unknown write kind."""
+    from vllm_xmix.spec import AppSpec
+    from vllm_xmix.spec.errors import _validated
+
+    op = {"kind": "linear_probe", "layers": [1], "weight": [0.0] * 8, "bias": 0.0}
+    with pytest.raises(XmixSpecError, match=r"ops.0.kind: 'linear_probe' is a read kind: a read op needs "
+                                            r"\"primitive\": \"read\""):
+        _validated(AppSpec, {"name": "p", "ops": [op]}, "app")
+    assert _validated(AppSpec, {"name": "p", "ops": [{**op, "primitive": "read"}]}, "app").ops[0].kind == "linear_probe"

@@ -253,6 +253,9 @@ class WriteOp(BaseModel):
     @field_validator("kind")
     @classmethod
     def _kind(cls, v: str) -> str:
+        if v in KNOWN_READ_KINDS:  # (an op is a write unless it says otherwise: the likely slip)
+            raise ValueError(f"{v!r} is a read kind: a read op needs \"primitive\": \"read\" "
+                             "(an op without a primitive is a write)")
         _one_of(KNOWN_WRITE_KINDS, "write kind")(v)
         if v not in SUPPORTED_WRITE_KINDS:
             raise ValueError(f"write kind {v!r} is not yet supported (supported: {', '.join(SUPPORTED_WRITE_KINDS)})")
