@@ -113,3 +113,5 @@ def test_the_command_names_a_folder_without_results(tmp_path, capsys):
 
     assert main(["itl-tail", str(tmp_path)]) == 2
     assert "no results.json" in capsys.readouterr().err
+    assert main(["itl-tail", str(tmp_path / "missing")]) == 2
+    assert "missing: no such folder" in capsys.readouterr().err

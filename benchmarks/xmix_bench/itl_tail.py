@@ -51,11 +51,11 @@ BOOTSTRAP = 1000
 def add_arguments(p) -> None:
     p.add_argument("serve_dir", metavar="SERVE_DIR",
                    help="a serving folder: results.json(.gz) and runs/*_steps.npz (serve start --record-steps)")
-    p.add_argument("--rate", default="16", help="the request rate of the runs (as results.json names it)")
+    p.add_argument("--rate", default="16", help="the request rate of the runs, as results.json names it (default: 16)")
     p.add_argument("--commit", default=None, help="only runs of this commit (default: the newest run's)")
-    p.add_argument("--base", default="vanilla", help="the configuration compared against (plain vLLM)")
+    p.add_argument("--base", default="vanilla", help="the configuration compared against (default: vanilla, plain vLLM)")
     p.add_argument("--configs", default=None, help="comma-separated configurations (default: all with steps)")
-    p.add_argument("--slow-ms", type=float, default=10.0, help="a launch that held the previous output back longer is slow")
+    p.add_argument("--slow-ms", type=float, default=10.0, help="a launch that held the previous output back longer (ms) is slow (default: 10)")
     p.add_argument("--out", default=None, help="JSON file to write")
 
 
@@ -184,6 +184,8 @@ def compare(s: dict, b: dict, base_p99: float) -> dict:
 
 
 def _results(serve_dir: str) -> list[dict]:
+    if not os.path.isdir(serve_dir):
+        raise FileNotFoundError(f"{serve_dir}: no such folder")
     for name in ("results.json", "results.json.gz"):
         path = os.path.join(serve_dir, name)
         if os.path.exists(path):
@@ -198,7 +200,7 @@ def analyse(serve_dir: str, rate: str = "16", commit: str | None = None, base: s
     {round: compare(...)}}}`` for the runs of ``serve_dir`` that have recorded steps.
 
     Raises:
-        FileNotFoundError: no results file.
+        FileNotFoundError: no such folder, or no results file in it.
         ValueError: no run with recorded steps, or no ``base`` run in a round that has others."""
     runs = [r for r in _results(serve_dir) if str(r.get("rate")) == str(rate) and r.get("round") != "warmup"]
     commit = commit or (runs[-1]["commit"] if runs else None)
