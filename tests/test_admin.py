@@ -273,6 +273,8 @@ def test_refusals_are_4xx_naming_the_field_and_the_server_serves_on(server, hf):
         got, resp = call(url, path, None if raw else body, key=key, raw=raw)
         assert got == status, (path, msg, got, resp)
         assert msg in resp["error"]["message"], (msg, resp)
+        if resp["error"]["message"].startswith("body."):  # the OpenAI error body's param: the field named
+            assert resp["error"]["param"] == resp["error"]["message"].split(": ")[0], resp
 
     # no capacity left: newapp holds the only reserved add at layer 0
     st, resp = call(url, "/v1/mi/apps", app_json("full", [{**NEW_OPS[0], "layers": [0]}]))

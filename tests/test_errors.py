@@ -396,3 +396,16 @@ def test_a_checked_selection_is_remembered_per_deployment_state(monkeypatch):
     vreq.set_live_deployment(vc, parse_deployment(vc.additional_config[CONFIG_KEY]), {"add": 3})
     w3, _ = vreq.validate_selection(vc, [{"name": "add", "scale": 0.5}])
     assert len(parsed) == n + 1 and w3["apps"][0]["version"] == 3, w3
+
+
+def test_error_param_names_the_field_a_message_starts_with():
+    """The OpenAI error body's ``param``: the field path an error message starts with, in the
+    request spelling (list indices in brackets) and in pydantic's spelling of an app body
+    (``body.ops.0.vector``); None for a message that does not start with a field."""
+    from vllm_xmix.validation.http import error_param
+
+    assert error_param("mi_apps[0].name: unknown app 'x'") == "mi_apps[0].name"
+    assert error_param('vllm_xargs["xmix "]: unknown key') == 'vllm_xargs["xmix "]'
+    assert error_param("body.ops.0.vector: length 64 != d_model 128") == "body.ops.0.vector"
+    assert error_param("body.ops.10.vector.safetensors: not a safetensors file") == "body.ops.10.vector.safetensors"
+    assert error_param("layer 99 is not a deployed layer") is None

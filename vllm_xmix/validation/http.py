@@ -30,10 +30,10 @@ _MAX_ECHO = 80
 
 
 _QUOTED = r'\["(?:[^"\\]|\\.)*"\]'
-#: the field an error message starts with (``"<field>: ..."``, as every selection error here is
-#: written): a dotted path with list indices, e.g. ``vllm_xargs.xmix[0].scale`` or
-#: ``vllm_xargs["xmix "]``
-_FIELD = re.compile(rf"((?:[A-Za-z_][A-Za-z0-9_-]*|{_QUOTED})(?:\[\d+\]|\.[A-Za-z_][A-Za-z0-9_-]*|{_QUOTED})*): ")
+#: the field an error message starts with (``"<field>: ..."``, as every selection and app error
+#: here is written): a dotted path with list indices, e.g. ``vllm_xargs.xmix[0].scale``,
+#: ``vllm_xargs["xmix "]`` or, in pydantic's spelling of an app body, ``body.ops.0.vector``
+_FIELD = re.compile(rf"((?:[A-Za-z_][A-Za-z0-9_-]*|{_QUOTED})(?:\[\d+\]|\.[A-Za-z_][A-Za-z0-9_-]*|\.\d+|{_QUOTED})*): ")
 #: request-body objects a selection is mistakenly put in (the offline spelling ``extra_args``,
 #: ``/inference/v1/generate``'s ``sampling_params`` and its ``extra_args``, vLLM's transfer
 #: parameters): the keys :func:`_selection_paths` looks at; any other object (schemas, metadata,
