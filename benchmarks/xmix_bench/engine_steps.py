@@ -235,6 +235,15 @@ def _ms(x) -> float:
     return round(float(x) * 1e3, 4)
 
 
+def step_periods(rows, prev_t3):
+    """Each step's period (the module docstring's): ``rows`` (k, 6) as :func:`read_rows` gives
+    them, ``prev_t3`` (k,) the previous step's ``t3`` of each (NaN for a file's first step). A
+    NaN ``t0`` (a step not seen scheduled) gives NaN; a NaN ``prev_t3``, the period from ``t0``."""
+    import numpy as np
+
+    return rows[:, 2] - np.where(np.isnan(rows[:, 0]), np.nan, np.fmax(prev_t3, rows[:, 0]))
+
+
 def summarize(blocks: list[tuple[object, object]]) -> dict:
     """The summary of steps of one or more engine cores: ``blocks`` is a list of
     ``(rows, previous)``, ``rows`` an array (k, 6) of one file's consecutive rows and
@@ -262,8 +271,7 @@ def summarize(blocks: list[tuple[object, object]]) -> dict:
             continue
         engines += 1
         prev_t3 = np.concatenate([[np.nan if prev is None else float(prev[3])], r[:-1, 3]])
-        # (fmax: the first step of a file has no previous one; a NaN t0, a step not seen scheduled, stays NaN)
-        periods.append(r[:, 2] - np.where(np.isnan(r[:, 0]), np.nan, np.fmax(prev_t3, r[:, 0])))
+        periods.append(step_periods(r, prev_t3))
         betweens.append(np.clip(r[:, 0] - prev_t3, 0.0, None))
         rows.append(r)
     if not rows:

@@ -40,10 +40,12 @@ import gzip
 import json
 import os
 
+from .engine_steps import GRAPH_TOKENS, step_periods
+
 HELP = "a served run's P99 ITL from its recorded engine steps: which gaps set it, against plain vLLM's run"
 
-#: token-count bins of mixed steps (the largest CUDA graph: 512 tokens)
-BINS = ((1, 256), (257, 512), (513, None))
+#: token-count bins of mixed steps (the largest CUDA graph: vLLM's default 512 tokens)
+BINS = ((1, GRAPH_TOKENS // 2), (GRAPH_TOKENS // 2 + 1, GRAPH_TOKENS), (GRAPH_TOKENS + 1, None))
 #: resamples of a bin's ratio of medians (its 95% interval: ``pair_ratio_ci95``)
 BOOTSTRAP = 1000
 
@@ -60,10 +62,10 @@ def add_arguments(p) -> None:
 
 
 def load_steps(path: str) -> dict:
-    """One run's recorded steps as arrays (numpy float64, ms): ``gap``, ``period``, ``launch``
-    (NaN where undefined), ``tokens``, ``requests``, ``w`` (inter-token samples per gap), the
-    masks ``decode``, ``mixed``, ``pre`` (the gap before a mixed step, itself not mixed) and the
-    ``schedule`` host time per step.
+    """One run's recorded steps as arrays (numpy float64, ms): ``gap``, ``period``
+    (:func:`.engine_steps.step_periods`), ``launch`` (NaN where undefined), ``tokens``,
+    ``requests``, ``w`` (inter-token samples per gap), the masks ``decode`` and ``mixed``, and
+    the ``schedule`` host time per step.
 
     Raises:
         ValueError: the file holds no engine's rows, or several engines' (data parallelism:
@@ -87,10 +89,9 @@ def load_steps(path: str) -> dict:
     new = np.where(mixed, np.maximum(1, reqs - np.r_[reqs[0], reqs[:-1]]), 0)
     w = np.where(busy, np.maximum(reqs - new, 0), 0).astype(float)
     w[0] = 0.0
-    return {"gap": gap, "period": a[:, 2] - np.fmax(prev_t3, a[:, 0]),
+    return {"gap": gap, "period": step_periods(a, prev_t3),
             "launch": np.r_[np.nan, a[:-1, 2] - a[1:, 1]], "tokens": tokens, "requests": reqs, "w": w,
-            "decode": decode, "mixed": mixed, "pre": np.r_[mixed[1:], False] & ~mixed,
-            "schedule": a[:, 1] - a[:, 0]}
+            "decode": decode, "mixed": mixed, "schedule": a[:, 1] - a[:, 0]}
 
 
 def weighted_percentile(x, w, q: float) -> float:
@@ -137,9 +138,9 @@ def run_row(s: dict, slow_ms: float) -> dict:
     p, d, m = s["period"], s["decode"], s["mixed"]
     dmed = float(np.median(p[d]))
     long = (d | m) & (p > 2 * dmed)
-    small = m & (s["tokens"] <= 512) & ~np.isnan(s["launch"])
+    small = m & (s["tokens"] <= GRAPH_TOKENS) & ~np.isnan(s["launch"])
     return {"decode_n": int(d.sum()), "decode_period_median": dmed, "mixed_n": int(m.sum()),
-            "mixed_gt512_n": int((m & (s["tokens"] > 512)).sum()),
+            "mixed_gt512_n": int((m & (s["tokens"] > GRAPH_TOKENS)).sum()),
             "mixed_period_median": float(np.median(p[m])) if m.any() else None,
             "long_n": int(long.sum()), "long_period_sum": float(p[long].sum()),
             "schedule_decode_median": float(np.median(s["schedule"][d])),
@@ -177,7 +178,7 @@ def compare(s: dict, b: dict, base_p99: float) -> dict:
     def above(r):
         big = ~np.isnan(r["gap"]) & (r["gap"] > base_p99) & (r["w"] > 0)
         return {kind: float(r["w"][big & sel].sum()) for kind, sel in
-                (("pre", r["pre"]), ("own", r["mixed"]), ("other", ~r["pre"] & ~r["mixed"]))}
+                (("pre", _near(r, "pre")), ("own", r["mixed"]), ("other", ~_near(r, "both")))}
 
     return {"bins": bins, "swap_p99": {part: steps_p99(s, b, part) for part in ("pre", "own", "both")},
             "samples_above_base_p99": [above(s), above(b)]}

@@ -16,6 +16,7 @@ Host time of this machine: compare lines of one run only.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 
@@ -64,7 +65,6 @@ def ttft_parts(configs: list[str], requests: int = 40, prompt: int = 200, rounds
     out: dict = {"configs": {c: {"runs": []} for c in configs}, "requests": requests, "prompt": prompt,
                  "rounds": rounds, "commit": common.git_commit(), "date": common.today(),
                  "command": common.command_line()}
-    import os
     import tempfile
 
     log = os.path.join(tempfile.mkdtemp(prefix="xmix-ttft-"), "server.log")  # (kept: the server's log)
