@@ -254,6 +254,8 @@ def test_refusals_are_4xx_naming_the_field_and_the_server_serves_on(server, hf):
             pickle.dumps(V_HAPPY)).decode()}}]}, KEY, 400, "body.ops.0.vector.safetensors: not a safetensors file"),
         ("/v1/mi/apps/happy", {"ops": [{**happy_ops(V_HAPPY)[0], "vector": {"path": "/etc/passwd"}}]}, KEY, 400,
          "body.ops.0.vector.path: file paths are not accepted"),
+        ("/v1/mi/apps/happy", {"ops": [{**happy_ops(V_HAPPY)[0], "vector": "/etc/passwd"}]}, KEY, 400,
+         "body.ops.0.vector: a string is a file path, and file paths are not accepted"),
         ("/v1/mi/apps/happy", {"ops": [{**happy_ops(V_HAPPY)[0], "layers": [1]}]}, KEY, 400,
          "changes parameters only"),
         ("/v1/mi/apps/happy", {"ops": [{**happy_ops(V_HAPPY)[0], "scale": 1e30}]}, KEY, 400, "would write values"),
@@ -306,7 +308,7 @@ def test_keys_and_reserve_errors_without_a_server(monkeypatch):
     """The changing routes' key rules (admin key, else vLLM's --api-key, else refused) and the
     reserve block's errors, naming the field."""
     from vllm_xmix.spec import XmixSpecError, parse_deployment
-    from vllm_xmix.validation.admin import AdminError, check_key
+    from vllm_xmix.validation.admin import AdminError, _inline, check_key
 
     monkeypatch.delenv("VLLM_XMIX_ADMIN_KEY", raising=False)
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
@@ -328,3 +330,11 @@ def test_keys_and_reserve_errors_without_a_server(monkeypatch):
             parse_deployment({"apps": [], "reserve": reserve})
     with pytest.raises(XmixSpecError, match="reserve: with fused_writes 'adds'"):
         parse_deployment({"apps": [], "fused_writes": "adds", "reserve": {"add": 1}})
+    # a vector or a probe's weight given as a file path, in either spelling, is refused before any
+    # file is looked at (the server would otherwise read its own files for the client)
+    for key in ("vector", "weight"):
+        for ref, field in (("/etc/passwd", f"body.ops.0.{key}: a string is a file path"),
+                           ({"path": "/etc/passwd"}, f"body.ops.0.{key}.path: file paths are not accepted")):
+            with pytest.raises(AdminError) as e:
+                _inline({"ops": [{"primitive": "write", "kind": "add", "layers": [0], key: ref}]})
+            assert e.value.status == 400 and str(e.value).startswith(field), str(e.value)

@@ -98,7 +98,16 @@ def parse_body(raw: bytes) -> dict:
 
 def _decode_vector(v, field: str):
     """An op's ``vector`` / ``weight`` as sent: a list of numbers stays; ``{"base64": ...}``
-    (float32, little-endian) and ``{"safetensors": ..., "key"?}`` become one."""
+    (float32, little-endian) and ``{"safetensors": ..., "key"?}`` become one.
+
+    Raises:
+        AdminError: 400 for a file path, as ``{"path": ...}`` or as a string (a deployment
+        file's short form of it: over HTTP it would make the server read its own files), and
+        for a payload that does not decode."""
+    if isinstance(v, str):
+        raise AdminError(400, f"{field}: a string is a file path, and file paths are not accepted over HTTP; send "
+                              "the values inline (a list of numbers, {\"base64\": float32 bytes} or {\"safetensors\": "
+                              "file bytes in base64})")
     if not isinstance(v, dict):
         return v
     if "path" in v:
