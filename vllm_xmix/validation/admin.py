@@ -11,8 +11,9 @@
 
 Bodies are JSON only: an app as in a deployment file (``{"name"?, "ops": [...]}``) with vectors
 inline, as a list of numbers, ``{"base64": <little-endian float32 bytes>}`` or ``{"safetensors":
-<base64 of a .safetensors file>, "key"?: name}``. File paths (a server-side file, and ``.pt``
-files are pickles) and anything that does not decode as such are refused. Errors are
+<base64 of a .safetensors file>, "key"?: name}``. File paths (a string, a deployment file's
+short form, or ``{"path": ...}``: a server-side file, and ``.pt`` files are pickles) and anything
+that does not decode as such are refused. Errors are
 :class:`AdminError` with the HTTP status and a message naming the field.
 """
 
