@@ -168,6 +168,22 @@ def test_selection_keys_spelled_with_json_escapes_are_refused_too():
         assert on_route_error(raw) is None, raw
 
 
+def test_selection_keys_in_utf16_and_utf32_bodies_are_refused_too():
+    """vLLM's server takes JSON in UTF-16 and UTF-32 (its decoder detects the encoding); the route
+    guards read such a body as its text, so a misplaced selection in it is refused as in UTF-8
+    (a byte search for ``xmix`` would miss it, and the request would run without its apps)."""
+    from vllm_xmix.validation.http import on_route_error, selection_off_route
+
+    body = json.dumps({"prompt": [5, 17], "extra_args": {"xmix": ["happy"]}})
+    gen = json.dumps({"prompt": [5, 17], "sampling_params": {"extra_args": {"xmix": ["happy"]}}})
+    for enc in ("utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"):
+        err = on_route_error(body.encode(enc))
+        assert err is not None and err.startswith("extra_args.xmix: not read by this server"), (enc, err)
+        err = selection_off_route("/inference/v1/generate", gen.encode(enc))
+        assert err is not None and err.startswith("sampling_params.extra_args.xmix: apps apply on"), (enc, err)
+        assert on_route_error(json.dumps({"prompt": "what is xmix?"}).encode(enc)) is None, enc
+
+
 @pytest.mark.one_version
 def test_a_stream_is_wrapped_only_for_a_selection_that_returns_values(tiny_llama):
     """A streamed request whose selected apps return nothing (steering; a probe at scale 0)

@@ -50,6 +50,22 @@ def error_param(message: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _as_utf8(body: bytes) -> bytes:
+    """A JSON body as UTF-8 bytes: a body in UTF-16 or UTF-32 (which vLLM's server accepts, its
+    JSON decoder detecting the encoding from the first bytes, RFC 4627) is re-encoded, so that the
+    byte searches of :func:`_mentions` and the parse see its keys; a UTF-8 body (the usual case:
+    two byte comparisons) is returned as it is, and so is one that does not decode."""
+    if len(body) < 2 or (body[0] not in (0, 0xEF, 0xFE, 0xFF) and body[1]):  # (UTF-16/32: a NUL or a BOM up front)
+        return body
+    enc = json.detect_encoding(body)
+    if enc == "utf-8":
+        return body
+    try:
+        return body.decode(enc).encode("utf-8")
+    except (UnicodeDecodeError, LookupError):
+        return body
+
+
 def _mentions(body: bytes) -> bool:
     """Whether a raw body may hold a selection key (``xmix``, ``mi_apps``, ``mi-apps``, in any
     case, or spelled with JSON escapes such as ``\\u0058MIX``): only such bodies are parsed. One
@@ -97,7 +113,8 @@ def _keys_in(path: str, obj: dict, subs=()):
 def on_route_error(body: bytes) -> str | None:
     """For a request to one of :data:`SELECTION_ROUTES`: the error message of
     :func:`xargs_type_error` or :func:`misplaced_selection` for its raw JSON ``body`` (parsed
-    once, and only if it mentions a selection), else None."""
+    once, and only if it mentions a selection; UTF-16 and UTF-32 bodies too), else None."""
+    body = _as_utf8(body)
     if not _mentions(body):
         return None
     data = _json_body(body)
@@ -228,7 +245,9 @@ def selection_off_route(path: str, body: bytes) -> str | None:
     ``sampling_params.extra_args.xmix``), which that route would not apply (``/v1/messages``, the embedding
     routes) or apply without returning read values (``/v1/responses``,
     ``/v1/chat/completions/batch``, ``/inference/v1/generate``); else None. ``path``: the
-    request's URL path; ``body``: its raw bytes (parsed only if they mention a selection)."""
+    request's URL path; ``body``: its raw bytes (parsed only if they mention a selection; UTF-16
+    and UTF-32 bodies too)."""
+    body = _as_utf8(body)
     if not _mentions(body):
         return None
     data = _json_body(body)
