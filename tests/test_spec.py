@@ -237,6 +237,36 @@ def test_layers_as_arrays_and_tensors():
             a.to_spec()
 
 
+def test_scalars_and_vectors_that_float32_turns_into_inf_or_zero_are_refused(tmp_path):
+    """Vectors, scales, clamp targets and probe biases are applied in float32: a bias beyond its
+    range (every score would be inf / null), a scale or clamp target below its smallest normal, a
+    vector whose every entry underflows (the app would silently apply nothing) are refused,
+    naming the field; 0 and a vector of zeros as given are the caller's choice and accepted."""
+    w = [0.1] * D_MODEL
+    cases = [({"primitive": "read", "kind": "linear_probe", "layers": [1], "weight": w, "bias": 1e308},
+              r"ops\.0\.bias: 1e\+308 exceeds float32's range"),
+             ({"primitive": "read", "kind": "linear_probe", "layers": [1], "weight": w, "bias": -4e38},
+              r"ops\.0\.bias: -4e\+38 exceeds float32's range"),
+             ({"primitive": "write", "kind": "add", "layers": [1], "vector": w, "scale": 1e-300},
+              r"ops\.0\.scale: 1e-300 underflows float32"),
+             ({"primitive": "write", "kind": "clamp", "layers": [1], "vector": w, "value": -1e-40},
+              r"ops\.0\.value: -1e-40 underflows float32"),
+             ({"primitive": "write", "kind": "add", "layers": [1], "vector": [1e-46] * D_MODEL},
+              r"ops\.0\.vector: every entry underflows float32"),
+             ({"primitive": "read", "kind": "linear_probe", "layers": [1], "weight": [-1e-47] * D_MODEL},
+              r"ops\.0\.weight: every entry underflows float32")]
+    for op, msg in cases:
+        with pytest.raises(XmixSpecError, match=msg):
+            parse_deployment({"apps": [{"name": "a", "ops": [op]}]})
+    for op in ({"primitive": "write", "kind": "add", "layers": [1], "vector": w, "scale": 0},
+               {"primitive": "write", "kind": "add", "layers": [1], "vector": [0.0] * D_MODEL},
+               {"primitive": "write", "kind": "add", "layers": [1], "vector": [1e-46] * (D_MODEL - 1) + [1e-3]},
+               {"primitive": "read", "kind": "linear_probe", "layers": [1], "weight": w, "bias": 3e38}):
+        parse_deployment({"apps": [{"name": "a", "ops": [op]}]})
+    with pytest.raises(XmixSpecError, match=r"mi_apps\[0\]\.scale: 1e-45 underflows float32"):
+        parse_request_apps([{"name": "a", "scale": 1e-45}], field="mi_apps")
+
+
 def test_vector_beyond_float32_and_corrupt_npy(tmp_path):
     v = np.full(D_MODEL, 1.0)
     v[3] = 1e300

@@ -25,6 +25,9 @@ from .names import (CAPTURE_POSITIONS, KNOWN_READ_KINDS, KNOWN_WRITE_KINDS, ROUT
                     SUPPORTED_WRITE_KINDS, _hook_name)
 from .vector_files import load_vector
 
+#: the float32 limits: vectors, scales, clamp targets and probe biases are applied in float32
+_F32 = np.finfo(np.float32)
+
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
@@ -83,10 +86,15 @@ def _number_list(v, *, neg_inf: bool):
     if len(v) == 0:
         raise ValueError("empty")
     if not neg_inf:
-        return [_finite_number(x) for x in v]
-    vals = [x if isinstance(x, float) else _finite_number(x) for x in v]
-    if any(math.isnan(x) or x == math.inf for x in vals):
-        raise ValueError("contains NaN or inf")
+        vals = [_finite_number(x) for x in v]
+    else:
+        vals = [x if isinstance(x, float) else _finite_number(x) for x in v]
+        if any(math.isnan(x) or x == math.inf for x in vals):
+            raise ValueError("contains NaN or inf")
+    if any(vals) and not np.asarray(vals, dtype=np.float32).any():  # (zeros as given are the caller's choice)
+        raise ValueError(f"every entry underflows float32 (the largest, {max(map(abs, vals)):.3g}, is below "
+                         f"{float(_F32.smallest_subnormal):.3g}): the vector would apply as zeros; vectors are "
+                         "applied in float32")
     return vals
 
 
@@ -118,6 +126,25 @@ Layers = Annotated[Union[list[int], Literal["all"]], BeforeValidator(lambda v: v
 #: a finite real number (Python or numpy; bools and strings refused), and its optional form
 FiniteFloat = Annotated[float, BeforeValidator(_finite_number)]
 OptionalFiniteFloat = Annotated[Union[float, None], BeforeValidator(_optional(_finite_number))]
+
+
+def _float32_number(v) -> float:
+    """A finite number that float32, in which the kernels apply it, holds: not beyond its range
+    (it would become inf: a probe's bias, every score NaN), and not so small that it becomes 0
+    (below the smallest normal float32, 1.18e-38: a scale or a clamp target would silently apply
+    nothing); 0 itself is fine."""
+    v = _finite_number(v)
+    if abs(v) > float(_F32.max):
+        raise ValueError(f"{v:.3g} exceeds float32's range (+-{float(_F32.max):.3g}); it is applied in float32")
+    if v != 0.0 and abs(v) < float(_F32.tiny):
+        raise ValueError(f"{v:.3g} underflows float32 (smallest normal {float(_F32.tiny):.3g}): it would apply as 0; "
+                         "give 0 to apply nothing")
+    return v
+
+
+#: a scale, a clamp target or a probe's bias: applied in float32 on the device
+Float32 = Annotated[float, BeforeValidator(_float32_number)]
+OptionalFloat32 = Annotated[Union[float, None], BeforeValidator(_optional(_float32_number))]
 
 #: a read kind and a capture's positions (an unknown value gets the list of known ones)
 ReadKind = Annotated[Literal["linear_probe", "capture", "cosine"],
@@ -246,8 +273,8 @@ class WriteOp(BaseModel):
     hook: str = "hook_resid_post"
     layers: Layers = "all"
     vector: Union[list[Number], VectorFile]
-    scale: FiniteFloat = 1.0
-    value: OptionalFiniteFloat = None
+    scale: Float32 = 1.0
+    value: OptionalFloat32 = None
     cond: Cond | None = None
 
     @field_validator("kind")
@@ -379,7 +406,7 @@ class ReadOp(BaseModel):
     hook: str = "hook_resid_post"
     layers: Layers = "all"
     weight: Union[list[Number], VectorFile, None] = None
-    bias: FiniteFloat = 0.0
+    bias: Float32 = 0.0
     sigmoid: StrictBool = False
     positions: CapturePositions = "all"
     on: Trigger | None = None
@@ -760,7 +787,7 @@ class RequestApp(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     name: str
-    scale: OptionalFiniteFloat = None
+    scale: OptionalFloat32 = None
     layers: Annotated[Union[list[int], None], BeforeValidator(_optional(_request_layers))] = None
     #: content hash of the app the caller meant (set when an ``MIApp`` is passed); checked
     #: against the deployed app of that name when the request is added

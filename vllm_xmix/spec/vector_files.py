@@ -114,6 +114,10 @@ def load_vector(ref, field: str, allow_neg_inf: bool = False) -> np.ndarray:
         raise XmixSpecError(f"{field}: entry {int(np.flatnonzero(big)[0])} ({float(src[big][0]):.3g}) exceeds "
                             f"float32's range (+-{float(np.finfo(np.float32).max):.3g}); vectors are applied in float32")
     arr = src.astype(np.float32)
+    if arr.size and not arr.any() and np.any(src):  # (a vector of zeros as given is the caller's choice)
+        raise XmixSpecError(f"{field}: every entry underflows float32 (the largest, {float(np.abs(src).max()):.3g}, is "
+                            f"below {float(np.finfo(np.float32).smallest_subnormal):.3g}): the vector would apply as "
+                            "zeros; vectors are applied in float32")
     if arr.ndim != 1:
         raise XmixSpecError(f"{field}: expected a 1-D vector [d_model], got shape {list(arr.shape)}")
     bad = ~np.isfinite(arr)
