@@ -267,6 +267,21 @@ def test_scalars_and_vectors_that_float32_turns_into_inf_or_zero_are_refused(tmp
         parse_request_apps([{"name": "a", "scale": 1e-45}], field="mi_apps")
 
 
+def test_a_selection_too_long_to_be_real_is_refused_before_its_items_are_checked():
+    """A request selects each app once and lists each layer once: a list longer than any
+    deployment could use is refused by its length, before the (per-item) checks, so a huge
+    selection cannot hold the server's event loop."""
+    from vllm_xmix.spec.model import MAX_REQUEST_LAYERS
+    from vllm_xmix.spec.request import MAX_REQUEST_APPS
+
+    with pytest.raises(XmixSpecError, match=rf"mi_apps: {MAX_REQUEST_APPS + 1} apps; a request selects at most"):
+        parse_request_apps([f"a{i}" for i in range(MAX_REQUEST_APPS + 1)])
+    with pytest.raises(XmixSpecError, match=r"mi_apps\[0\]\.layers: 5000 layer indices; a request lists at most"):
+        parse_request_apps([{"name": "a", "layers": [1] * 5000}])
+    assert len(parse_request_apps([f"a{i}" for i in range(MAX_REQUEST_APPS)])) == MAX_REQUEST_APPS
+    assert parse_request_apps([{"name": "a", "layers": list(range(MAX_REQUEST_LAYERS))}])[0].layers[-1] == 4095
+
+
 def test_vector_beyond_float32_and_corrupt_npy(tmp_path):
     v = np.full(D_MODEL, 1.0)
     v[3] = 1e300

@@ -771,7 +771,13 @@ def _request_layers(v) -> list[int] | None:
     """A request's layers: a list of layer indices, or ``"all"`` (None: the app's deployed layers)."""
     if isinstance(v, str) and v == "all":
         return None
+    if isinstance(v, (list, tuple)) and len(v) > MAX_REQUEST_LAYERS:  # (before each entry is looked at)
+        raise ValueError(f"{len(v)} layer indices; a request lists at most {MAX_REQUEST_LAYERS} (each layer once)")
     return _layer_list(v)
+
+
+#: the most layer indices a request's ``layers`` may list (more than any model has)
+MAX_REQUEST_LAYERS = 4096
 
 
 class RequestApp(BaseModel):

@@ -35,7 +35,14 @@ def _coerce_request_list(raw: Any, field: str) -> list[Any]:
         raw = raw["apps"]
     if isinstance(raw, (str, dict)) or not isinstance(raw, (list, tuple)):
         raise XmixSpecError(f"{field}: expected a list of apps, got {type(raw).__name__}")
+    if len(raw) > MAX_REQUEST_APPS:  # (checked before any item: each costs microseconds on the event loop)
+        raise XmixSpecError(f"{field}: {len(raw)} apps; a request selects at most {MAX_REQUEST_APPS} (each app once)")
     return list(raw)
+
+
+#: the most apps one request may select (far more than a deployment holds: a longer list is
+#: refused before its items are looked at, so a huge one cannot hold the server's event loop)
+MAX_REQUEST_APPS = 1024
 
 
 def parse_request_apps(raw: Any, field: str = "mi_apps") -> list[RequestApp]:
