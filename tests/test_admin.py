@@ -270,6 +270,9 @@ def test_refusals_are_4xx_naming_the_field_and_the_server_serves_on(server, hf):
                                           "layers": [1], "vector": [float(x) for x in V_NEW]}]), KEY, 422,
          "reserved no 'add' entry at blocks.1.hook_resid_mid"),
     ]
+    for ctype in ("text/plain", "application/x-www-form-urlencoded", ""):  # vLLM's own routes take JSON only too
+        got, resp = call(url, "/v1/mi/apps/happy", good, headers={"Content-Type": ctype})
+        assert got == 415 and resp["error"]["message"].startswith("Content-Type: expected application/json"), resp
     for path, body, key, status, msg in cases:
         raw = body if isinstance(body, bytes) else None
         got, resp = call(url, path, None if raw else body, key=key, raw=raw)
@@ -338,3 +341,12 @@ def test_keys_and_reserve_errors_without_a_server(monkeypatch):
             with pytest.raises(AdminError) as e:
                 _inline({"ops": [{"primitive": "write", "kind": "add", "layers": [0], key: ref}]})
             assert e.value.status == 400 and str(e.value).startswith(field), str(e.value)
+    # a safetensors key that is not a string names the field (it was an unhashable-type message)
+    from safetensors.numpy import save
+
+    data = base64.b64encode(save({"a": np.ones(4, dtype=np.float32)})).decode()
+    for key in (["a"], {"a": 1}, 3):
+        with pytest.raises(AdminError) as e:
+            _inline({"ops": [{"primitive": "write", "kind": "add", "layers": [0],
+                              "vector": {"safetensors": data, "key": key}}]})
+        assert e.value.status == 400 and str(e.value).startswith("body.ops.0.vector.key: expected the name"), str(e.value)

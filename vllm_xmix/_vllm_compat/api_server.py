@@ -21,7 +21,8 @@ import asyncio
 import functools
 import logging
 
-from ..validation.admin import AdminError, check_key, commit_change, list_apps, parse_body, prepare_change
+from ..validation.admin import AdminError, check_content_type, check_key, commit_change, list_apps, parse_body, \
+    prepare_change
 from ..validation.http import ADMIN_PREFIX, SELECTION_ROUTES, error_param, on_route_error, selection_off_route
 from .core import mark
 from .output_processor import live_versions
@@ -113,7 +114,8 @@ def _error(status: int, message: str):
 def add_app_routes(app) -> None:
     """The ``/v1/mi/apps`` routes on vLLM's FastAPI ``app``."""
     from fastapi import Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
+    from starlette.requests import ClientDisconnect
 
     lock = asyncio.Lock()
 
@@ -131,13 +133,18 @@ def add_app_routes(app) -> None:
         args = request.app.state.args
         try:
             check_key(request.headers, getattr(args, "api_key", None))
+            check_content_type(request.headers)
             if int(getattr(args, "api_server_count", 1) or 1) > 1:
                 raise AdminError(501, "apps cannot change with several API server processes (--api-server-count > "
                                       "1): each checks requests against its own copy of the apps")
             client, cfg = _config(request)
             if cfg is None:
                 raise AdminError(503, "the engine is not ready")
-            body = parse_body(await request.body())
+            try:
+                raw = await request.body()
+            except ClientDisconnect:  # the client went away before its body arrived: nothing to change or answer
+                return Response(status_code=400)
+            body = parse_body(raw)
             async with lock:  # one change at a time: versions, live sets and the front end's apps agree
                 ch = prepare_change(cfg, action, name, body)
                 live = live_versions(client.output_processor)

@@ -3,8 +3,8 @@
 ``runtime/updates.py``; the design: docs/design.md, "Apps on a running server").
 
 * ``GET /v1/mi/apps``: :func:`list_apps`;
-* ``POST /v1/mi/apps/{name}`` (replace) and ``POST /v1/mi/apps`` (add): :func:`check_key`, then
-  :func:`prepare_change` parses and checks the body against the model and the deployment and
+* ``POST /v1/mi/apps/{name}`` (replace) and ``POST /v1/mi/apps`` (add): :func:`check_key` and
+  :func:`check_content_type`, then :func:`prepare_change` parses and checks the body against the model and the deployment and
   returns the worker's payload; once every worker applied it, :func:`commit_change` makes the
   front end's request checks (names, layers, write sizes, prefix-cache salts) use the new apps
   and stamps the new version into the selections of requests added from then on.
@@ -82,6 +82,18 @@ def check_key(headers, api_keys) -> None:
         raise AdminError(401, "wrong key")
 
 
+def check_content_type(headers) -> None:
+    """A change's body is JSON, and says so (as vLLM's own routes require): ``Content-Type:
+    application/json`` (or another ``+json`` / ``json`` type).
+
+    Raises:
+        AdminError: 415 for a request without a JSON content type (a form a browser page can send
+        across sites included)."""
+    ctype = (headers.get("Content-Type") or "").lower()
+    if "json" not in ctype.split(";")[0]:
+        raise AdminError(415, f"Content-Type: expected application/json, got {ctype or 'none'}")
+
+
 def parse_body(raw: bytes) -> dict:
     """The JSON object of a request body.
 
@@ -136,6 +148,9 @@ def _decode_vector(v, field: str):
     except (SafetensorError, Exception) as e:  # safetensors parses headers and raw buffers only, never code
         raise AdminError(400, f"{field}.safetensors: not a safetensors file ({type(e).__name__})") from None
     key = v.get("key")
+    if key is not None and not isinstance(key, str):
+        raise AdminError(400, f"{field}.key: expected the name of a tensor in the file (a string), got "
+                              f"{type(key).__name__}")
     if key is None and len(tensors) != 1:
         raise AdminError(400, f"{field}.key: the file holds {sorted(tensors)}; name one")
     if key is not None and key not in tensors:
