@@ -531,6 +531,28 @@ def test_replace_without_reserved_versions_says_the_deployment_reserved_none():
     assert "in flight" not in r["error"], r
 
 
+def test_replacing_an_added_app_with_one_reserved_entry_says_the_new_version_needs_another():
+    """With one reserved entry at a site, an added app holds it, and its replace (which puts the
+    new version into free entries while the current one keeps its own) finds none free: the
+    refusal names who holds the entries and that more must be reserved, nothing in flight."""
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.runtime import XmixState
+    from vllm_xmix.spec import parse_deployment
+
+    a = MIApp("nudge")
+    a.write("add", vector=unit_rms(1), scale=2.0).layers([1])
+    dep = deploy(a)["xmix"]
+    dep["reserve"] = {"add": {"hook_resid_post": [2]}}
+    st = XmixState.build(parse_deployment(dep), 4, 64, torch.device("cpu"), 64, 5, max_model_len=64)
+    new = {"name": "extra", "ops": [{"primitive": "write", "kind": "add", "layers": [2],
+                                     "vector": [float(x) for x in unit_rms(2)]}]}
+    assert st.updates.apply({"action": "add", "name": "extra", "version": 1, "app": new, "live": []})["ok"]
+    new["ops"][0]["vector"] = [float(x) for x in unit_rms(3)]
+    r = st.updates.apply({"action": "replace", "name": "extra", "version": 2, "app": new, "live": []})
+    assert not r["ok"] and r["status"] == 507, r
+    assert "held by 'extra' version 1" in r["error"] and "reserve more entries at this site" in r["error"], r
+
+
 def test_replaced_cast_threshold_goes_into_the_spare_copy_with_its_own_condition_read():
     c, st = cast_state()
     lay = st.layout
