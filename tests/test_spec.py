@@ -267,6 +267,21 @@ def test_scalars_and_vectors_that_float32_turns_into_inf_or_zero_are_refused(tmp
         parse_request_apps([{"name": "a", "scale": 1e-45}], field="mi_apps")
 
 
+def test_a_vector_given_as_one_number_or_null_is_refused_plainly():
+    """One number (or null) where a vector goes: one message naming the field, not pydantic's
+    one per member of the field's union (a list, a file reference)."""
+    for v, got in ((5, "int 5"), (True, "bool True"), (2.5, "float 2.5"), (None, "null")):
+        with pytest.raises(XmixSpecError) as e:
+            parse_deployment({"apps": [{"name": "a", "ops": [{"primitive": "write", "kind": "add", "layers": [0],
+                                                              "vector": v}]}]})
+        assert str(e.value) == ("additional_config.xmix.apps.0.ops.0.vector: expected a list of numbers (a vector) "
+                                f"or a file reference, got {got}"), str(e.value)
+    with pytest.raises(XmixSpecError, match=r"ops\.0\.weight: expected a list of numbers \(a vector\) or a file "
+                                            r"reference, got int 3"):
+        parse_deployment({"apps": [{"name": "a", "ops": [{"primitive": "read", "kind": "linear_probe", "layers": [0],
+                                                          "weight": 3}]}]})
+
+
 def test_a_selection_too_long_to_be_real_is_refused_before_its_items_are_checked():
     """A request selects each app once and lists each layer once: a list longer than any
     deployment could use is refused by its length, before the (per-item) checks, so a huge

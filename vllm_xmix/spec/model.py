@@ -81,6 +81,8 @@ def _number_list(v, *, neg_inf: bool):
     type."""
     if isinstance(v, str):
         return {"path": v}
+    if isinstance(v, (bool, numbers.Number)):  # (one number where a vector goes: said plainly, not per union member)
+        raise ValueError(f"expected a list of numbers (a vector) or a file reference, got {type(v).__name__} {v!r}")
     if not isinstance(v, (list, tuple)):
         return v
     if len(v) == 0:
@@ -299,6 +301,8 @@ class WriteOp(BaseModel):
     @field_validator("vector", mode="before")
     @classmethod
     def _vector(cls, v):
+        if v is None:
+            raise ValueError("expected a list of numbers (a vector) or a file reference, got null")
         return _number_list(v, neg_inf=True)  # -inf: router_bias masks an expert; checked below
 
     @model_validator(mode="after")

@@ -205,7 +205,8 @@ def prepare_change(vllm_config, action: str, name: str | None, body: dict) -> Ch
             old = dep.app(name)
         except KeyError:
             raise AdminError(404, f"unknown app {name!r}; deployed apps: {[a.name for a in dep.apps]}") from None
-        body.setdefault("name", name)
+        if body.get("name") is None:  # (absent or null: the app in the path)
+            body["name"] = name
         if body["name"] != name:
             raise AdminError(400, f"body.name: {body['name']!r} differs from the app in the path {name!r}")
     else:
@@ -233,7 +234,7 @@ def prepare_change(vllm_config, action: str, name: str | None, body: dict) -> Ch
     new = dep.model_copy(update={"apps": apps})
     info = measure_deployment(vllm_config, new)
     try:
-        check_write_magnitude(vllm_config, name, None, "body.ops.scale", info=info)
+        check_write_magnitude(vllm_config, name, None, "body", per_op=True, info=info)
     except XmixSpecError as e:
         raise AdminError(400, str(e)) from None
     version = _NEXT_VERSION.setdefault(id(vllm_config), {}).get(name, 0) + 1
