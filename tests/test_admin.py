@@ -342,6 +342,13 @@ def test_keys_and_reserve_errors_without_a_server(monkeypatch):
             with pytest.raises(AdminError) as e:
                 _inline({"ops": [{"primitive": "write", "kind": "add", "layers": [0], key: ref}]})
             assert e.value.status == 400 and str(e.value).startswith(field), str(e.value)
+    # a body too large to parse on the event loop is refused by its size
+    from vllm_xmix.validation.admin import MAX_BODY_BYTES, parse_body
+
+    with pytest.raises(AdminError, match=r"body: \d+ bytes; an app change takes at most") as e:
+        parse_body(b"[" + b"0," * (MAX_BODY_BYTES // 2) + b"0]")
+    assert e.value.status == 413
+    assert parse_body(json.dumps({"ops": [{"vector": [0.5] * 100_000}]}).encode())["ops"][0]["vector"][-1] == 0.5
     # a safetensors key that is not a string names the field (it was an unhashable-type message)
     from safetensors.numpy import save
 

@@ -82,6 +82,10 @@ def check_key(headers, api_keys) -> None:
         raise AdminError(401, "wrong key")
 
 
+#: the largest app-change body read (16 MiB: thousands of vectors of a large model as base64)
+MAX_BODY_BYTES = 16 << 20
+
+
 def check_content_type(headers) -> None:
     """A change's body is JSON, and says so (as vLLM's own routes require): ``Content-Type:
     application/json`` (or another ``+json`` / ``json`` type).
@@ -98,7 +102,12 @@ def parse_body(raw: bytes) -> dict:
     """The JSON object of a request body.
 
     Raises:
-        AdminError: 400 for a body that is not a UTF-8 JSON object (pickles included)."""
+        AdminError: 413 for a body over :data:`MAX_BODY_BYTES` (parsing it would hold the server's
+        event loop, every stream with it); 400 for a body that is not a UTF-8 JSON object
+        (pickles included)."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise AdminError(413, f"body: {len(raw)} bytes; an app change takes at most {MAX_BODY_BYTES} (vectors inline "
+                              "as base64 or safetensors are ~4 bytes a value: change fewer apps per call)")
     try:
         body = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
