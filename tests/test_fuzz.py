@@ -51,6 +51,12 @@ VOCAB = 1024
 
 # ------------------------------------------------------------------------ deployments
 
+def f32(lo, hi):
+    """Scalars an op applies in float32 (scale, clamp target, bias): float32 values without its
+    subnormals, which the spec refuses as underflowing (0 itself is drawn)."""
+    return st.floats(lo, hi, allow_nan=False, width=32, allow_subnormal=False)
+
+
 def vec(draw, width=D_MODEL):
     return [float(x) for x in np.random.default_rng(draw(st.integers(0, 2**16))).standard_normal(width)]
 
@@ -86,9 +92,9 @@ READ_DEFECTS = {
 def write_op(draw):
     kind = draw(st.sampled_from(["add", "add", "ablate", "clamp"]))
     op = {"kind": kind, "vector": vec(draw), "hook": draw(st.sampled_from(HOOKS)),
-          "scale": draw(st.floats(-8, 8, allow_nan=False))}
+          "scale": draw(f32(-8, 8))}
     if kind == "clamp":
-        op["value"] = draw(st.floats(-4, 4, allow_nan=False))
+        op["value"] = draw(f32(-4, 4))
     if draw(st.booleans()):
         op["layers"] = sorted(draw(st.sets(st.integers(0, N_LAYERS - 1), min_size=1)))
     if draw(st.integers(0, 3)) == 0:
@@ -109,7 +115,7 @@ def read_op(draw, i):
         return op
     op["weight"] = vec(draw)
     if kind == "linear_probe" and draw(st.booleans()):
-        op["bias"], op["sigmoid"] = draw(st.floats(-2, 2, allow_nan=False)), draw(st.booleans())
+        op["bias"], op["sigmoid"] = draw(f32(-2, 2)), draw(st.booleans())
     if draw(st.integers(0, 2)) == 0:
         op["on"] = {"op": draw(st.sampled_from([">", ">=", "<", "<="])), "threshold": draw(st.floats(-1, 1)),
                     "action": draw(st.sampled_from(["stop", "flag"]))}
@@ -394,6 +400,8 @@ def selection_item(draw):
                 problems.append((STRUCTURE, ".scale: expected a number"))
             elif (isinstance(s, int) and abs(s) > 1e300) or not math.isfinite(s):
                 problems.append((STRUCTURE, ".scale: must be finite"))
+            elif s != 0 and abs(s) < float(np.finfo(np.float32).tiny):  # applied in float32: it would be 0
+                problems.append((STRUCTURE, ".scale: "))
             elif abs(s) > 1e17:  # would overflow the next RMSNorm's float32 sum of squares
                 problems.append((MAGNITUDE, ".scale: app"))
     if draw(st.booleans()):
