@@ -186,8 +186,9 @@ class AppUpdates:
                                            f"blocks.{L}.{op.hook} (reserve: {self._reserve_text()})")
                 free = next((e for e in pool if lay.owner[e] is None and e not in taken), None)
                 if free is None:
-                    held = sorted({f"{o[0]!r} version {o[1]}" for o in (lay.owner[e] for e in pool) if o is not None})
-                    replacing = not added and any(o is not None and o[0] == app.name for o in map(lay.owner.__getitem__, pool))
+                    owners = {lay.owner[e] for e in pool} - {None}
+                    held = sorted(f"{a!r} version {v}" for a, v in owners)
+                    replacing = not added and any(a == app.name for a, _ in owners)
                     raise UpdateError(507, f"body.ops.{oi}: all {len(pool)} reserved {kind!r} entries at "
                                            f"blocks.{L}.{op.hook} are in use, held by {', '.join(held) or 'entries taken above'}"
                                            " (an app's version, or one that requests in flight still run)"
