@@ -235,6 +235,39 @@ def test_per_token_fused_coefficients_follow_the_step():
     np.testing.assert_array_equal(st.tok_fc[:1].numpy()[0], st.req_rows["b"][st.fused_entries])
 
 
+def test_a_selection_as_json_text_registers_like_the_same_selection_as_objects():
+    """The front end writes a request's selection as JSON text, ``LLM`` users as objects: both
+    register the same coefficient row, fused coefficients, reads and variant; the registration
+    data is built once per distinct selection (the row cache holds one entry per form), and a
+    selection naming an unknown app is refused in either form, never cached."""
+    import json
+
+    from vllm_xmix import XmixSpecError
+
+    st = multi_state(fused_mode=True)
+    sel = {"apps": [{"name": "probe"}, {"name": "steer_all", "scale": 2.0}]}
+    text = NS(req_id="t", sampling_params=NS(extra_args={"xmix": json.dumps(sel)}), prompt_token_ids=[1, 2, 3],
+              num_computed_tokens=0)
+    obj = NS(req_id="o", sampling_params=NS(extra_args={"xmix": sel}), prompt_token_ids=[1, 2, 3],
+             num_computed_tokens=0)
+    step(st, new_reqs=[text, obj])
+    np.testing.assert_array_equal(st.req_rows["t"], st.req_rows["o"])
+    np.testing.assert_array_equal(st.req_fc["t"], st.req_fc["o"])
+    assert st.req_rows["t"][st.fused_entries].max() == 2.0  # the scale reached the fused adds
+    assert st.slots.req_reads["t"] == st.slots.req_reads["o"] and st.slots.req_reads["t"][0]
+    assert st.slots.variants._row_masks["t"] == st.slots.variants._row_masks["o"]
+    for i, r in enumerate(("t2", "o2", "t3")):  # the same selections again: no new cache entries
+        x = {"xmix": json.dumps(sel) if r != "o2" else dict(sel)}
+        step(st, new_reqs=[NS(req_id=r, sampling_params=NS(extra_args=x), prompt_token_ids=[1], num_computed_tokens=0)],
+             cached=["t", "o"])
+    assert len(st.slots._rows) == 2
+    np.testing.assert_array_equal(st.tok_fc[:1].numpy()[0], st.req_fc["t3"])  # t3's token comes first
+    for raw in (json.dumps({"apps": [{"name": "nope"}]}), {"apps": [{"name": "nope"}]}):
+        with pytest.raises(XmixSpecError, match="unknown app 'nope'"):
+            st.slots.request_row({"xmix": raw})
+    assert len(st.slots._rows) == 2
+
+
 def req(rid, *apps, layers=None):
     sel = [{"name": a} if layers is None else {"name": a, "layers": layers} for a in apps]
     sp = NS(extra_args={"xmix": {"apps": sel}})

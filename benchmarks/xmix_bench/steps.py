@@ -75,6 +75,12 @@ def add_arguments(p) -> None:
                         "(CUDA runtime calls, kernels, host ops by name) into --out under 'traced'")
     p.add_argument("--trace-configs", default="inactive,steer_all,probe_one",
                    help="the configurations of the traced round (plain vLLM's engine traces its own)")
+    p.add_argument("--line-profile", default="", metavar="CONFIGS",
+                   help="one more round, not measured, per configuration named here (comma-separated), with the "
+                        "plugin's per-step host functions (registry update, step fill) under line_profiler "
+                        "(the `line_profiler` package); the line timings go to OUT.lines-CONFIG.txt")
+    p.add_argument("--skip-plain", action="store_true",
+                   help="run the plugin's engines only (their apps-off configuration is the reference)")
     p.add_argument("--out", required=True, help="the JSON file to write")
     p.add_argument("--_engine", help=argparse.SUPPRESS)  # internal: one engine
 
@@ -84,7 +90,8 @@ def main(args) -> int:
     if args._engine:
         return engine(args)
     res = {}
-    engines = [("plain", {"VLLM_PLUGINS": ""})] + [(f"xmix:{fw}", {}) for fw in args.fused_writes.split(",")]
+    engines = [] if args.skip_plain else [("plain", {"VLLM_PLUGINS": ""})]
+    engines += [(f"xmix:{fw}", {}) for fw in args.fused_writes.split(",")]
     for spec, env in engines:
         part = args.out + f".{spec.replace(':', '-')}.json"
         first = spec == f"xmix:{args.fused_writes.split(',')[0]}"
@@ -109,7 +116,7 @@ def _passthrough(args) -> list[str]:
     return ["--rate", str(args.rate), "--num-prompts", str(args.num_prompts),
             "--rounds", str(args.rounds), "--input-len", str(args.input_len), "--range-ratio", str(args.range_ratio),
             "--output-len", str(args.output_len), "--max-model-len", str(args.max_model_len),
-            "--trace", args.trace, "--trace-configs", args.trace_configs] + (
+            "--trace", args.trace, "--trace-configs", args.trace_configs, "--line-profile", args.line_profile] + (
         ["--dtype", args.dtype] if args.dtype else [])
 
 
@@ -495,10 +502,43 @@ def engine(args) -> int:
                 traced[name] = r
             elif rnd:
                 per[name].append(r)
+    if kind == "xmix" and args.line_profile:
+        for name in args.line_profile.split(","):
+            _line_profiled_round(eng, timers, st, name, _arrivals(args.rounds + 1, args.num_prompts, args.rate, lo, hi,
+                                                                   cfg["vocab_size"]), args, cap)
     _pair_ttfts(per, names[0])
     common.write_json(args.out, {"engine": args._engine, "startup_s": startup, "configs": per, "traced": traced,
                                  "cudagraph_capture_max": cap, "info": common.engine_info(llm)})
     return 0
+
+
+def _line_profiled_round(eng, timers, st, name: str, arr, args, cap: int) -> None:
+    """One round of configuration ``name`` with the plugin's per-step host functions under
+    line_profiler; the per-line timings to ``OUT.lines-NAME.txt`` (microseconds)."""
+    try:
+        from line_profiler import LineProfiler
+    except ImportError as e:
+        raise SystemExit("steps --line-profile: the line_profiler package is not installed "
+                         "(pip install line_profiler)") from e
+    from vllm_xmix.runtime import slots as slots_mod
+    from vllm_xmix.runtime import step as step_mod
+
+    funcs = [step_mod.StepFill.fill, step_mod.StepFill._next_stage, slots_mod.SlotRegistry.update_requests]
+    funcs += [f for f in (getattr(slots_mod.SlotRegistry, "_selection", None),) if f is not None]
+    lp = LineProfiler(*funcs)
+    sel = None if name in ("plain", "inactive") else [name]
+    sp = common.sampling(sel, temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    saved = (st.step.fill, st.step._next_stage, st.slots.update_requests)
+    st.step.fill, st.step._next_stage, st.slots.update_requests = (lp(f) for f in saved)
+    try:
+        _run_once(eng, timers, f"{name}-lines", arr, args.output_len, sp, cap, None)
+    finally:
+        st.step.fill, st.step._next_stage, st.slots.update_requests = saved
+    path = f"{args.out}.lines-{name}.txt"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        lp.print_stats(stream=f, output_unit=1e-6)
+    print(f"[steps] {args._engine} line profile of {name}: {path}", flush=True)
 
 
 def _pair_ttfts(per: dict[str, list[dict]], base: str) -> None:
@@ -535,12 +575,21 @@ def summary(runs: list[dict]) -> dict:
 
 
 def table(res: dict) -> str:
-    plain = summary(res["engines"]["plain"]["configs"]["plain"])
+    """Medians per engine and configuration, each with its ratio to plain vLLM (or, with
+    ``--skip-plain``, to the first plugin engine's first configuration)."""
+    engines = res["engines"]
+    if "plain" in engines:
+        base_name, plain = "plain", summary(engines["plain"]["configs"]["plain"])
+    else:
+        spec0 = next(iter(engines))
+        name0 = next(iter(engines[spec0]["configs"]))
+        base_name, plain = f"{spec0} {name0}", summary(engines[spec0]["configs"][name0])
     cols = ["ttft_ms", "ttft_paired_ms", "itl_ms", "p99_itl_ms", "gc_ms_total", "step_ms_max", "mixed.step_ms", "mixed.device_ms", "mixed.execute_model_ms",
+            "mixed.xmix_update_ms", "mixed.xmix_fill_ms",
             "mixed_graph.n", "mixed_graph.execute_model_ms", "mixed_eager.n", "mixed_eager.execute_model_ms",
-            "decode.step_ms", "decode.device_ms", "decode.execute_model_ms"]
+            "decode.step_ms", "decode.device_ms", "decode.execute_model_ms", "decode.xmix_fill_ms"]
     lines = [f"{res['model']}, rate {res['settings']['rate']}/s, {res['settings']['num_prompts']} prompts x "
-             f"{res['settings']['rounds']} rounds; ms (ratio to plain)",
+             f"{res['settings']['rounds']} rounds; ms (ratio to {base_name})",
              "| engine | config | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
 
     def cell(v, b):
@@ -548,8 +597,9 @@ def table(res: dict) -> str:
             return "–"
         return f"{v:.3f}" if b in (None, 0) else f"{v:.3f} ({v / b - 1:+.1%})"
 
-    lines.append("| plain | – | " + " | ".join(cell(plain[c], None) for c in cols) + " |")
-    for spec, e in res["engines"].items():
+    if base_name == "plain":
+        lines.append("| plain | – | " + " | ".join(cell(plain[c], None) for c in cols) + " |")
+    for spec, e in engines.items():
         if spec == "plain":
             continue
         for name, runs in e["configs"].items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,6 +23,20 @@ from .variants import GraphVariants
 logger = logging.getLogger("vllm.xmix")
 
 NULL_SLOT = 0
+
+
+@dataclass(frozen=True)
+class _Selection:
+    """One distinct app selection's registration data: the coefficient ``row`` ``[n_entries]``
+    float32 (read-only), its fused writes' coefficients ``fc`` ``[n_fused]`` (None without fused
+    entries), the variant ``masks`` (eager, compiled) it needs, whether a token condition of it is
+    on (``tok_cond``: its prompt is staged), and its returned reads' infos."""
+
+    row: np.ndarray
+    fc: np.ndarray | None
+    masks: tuple[int, int]
+    tok_cond: bool
+    reads: tuple
 #: distinct selections whose coefficient rows are kept (most deployments see a handful)
 _ROW_CACHE = 4096
 
@@ -33,7 +48,9 @@ class SlotRegistry:
     1 .. max_slots-1 not held; ``pending_rows``: ``(slot, row, prompt length, prompt ids or
     None)`` to upload before the next forward; ``req_reads[rid]``: ``(read infos, prompt
     length)`` of its returned reads; ``req_fc[rid]``: its coefficients of the fused writes;
-    ``step_pos[rid]``: absolute position of its first token in the current step."""
+    ``step_pos[rid]``: absolute position of its first token in the current step (kept while a
+    request with reads or conditions is registered; app-free requests in the step too);
+    ``slot_fc``: per slot its fused writes' coefficients (slot 0 and free slots zeros)."""
 
     def __init__(self, layout: DeviceLayout, variants: GraphVariants) -> None:
         self.layout, self.variants = layout, variants
@@ -50,34 +67,53 @@ class SlotRegistry:
         self.step_pos: dict[str, int] = {}
         # entries gated on token ids: only requests with one of them on need their prompt staged
         self._tok_cond = np.array([e.ckind in (CK_TOKENS, CK_TOKENS_PREV) for e in layout.entries], dtype=bool)
-        self._rows: dict[str, np.ndarray | None] = {}
+        self._rows: dict[str | tuple, _Selection | None] = {}
+        #: per slot, the coefficients of the fused writes (``[max_slots, n_fused]`` float32, slot 0
+        #: zeros): the step fill gathers each token's ``tok_fc`` row from it by its slot
+        self.slot_fc = np.zeros((layout.max_slots, max(1, len(layout.fused_entries))), dtype=np.float32)
 
     def request_row(self, extra_args: dict | None) -> np.ndarray | None:
         """Coefficient row ``[n_entries]`` float32 (read-only, shared by requests with the same
         selection) for a request's ``SamplingParams.extra_args``, or None if no app is on.
 
-        The row of a selection is built once (a new request is on the host path of a prefill
-        step, which in vLLM's piecewise-graph mode waits for the host): keyed by the canonical
-        JSON of the selection the front end wrote.
-
         Raises:
             XmixSpecError: an unknown app or a malformed selection (the front end validates
             requests first, so this is a second line of defence)."""
+        sel = self._selection(extra_args)
+        return sel.row if sel is not None else None
+
+    def _selection(self, extra_args: dict | None) -> _Selection | None:
+        """What registering a request with these ``extra_args`` needs, built once per distinct
+        selection (a new request is on the host path of a prefill step, which in vLLM's
+        piecewise-graph mode waits for the host): keyed by the JSON text the front end wrote, or
+        by the canonical JSON of a selection given as objects. None if no app is on. Raises as :meth:`request_row`."""
         if not extra_args or CONFIG_KEY not in extra_args:
             return None
         raw = extra_args[CONFIG_KEY]
-        try:
-            key = json.dumps(raw, sort_keys=True, separators=(",", ":"))
-        except (TypeError, ValueError):  # not JSON-shaped: parsed (and refused) below, never cached
-            key = None
+        if type(raw) is str:  # the front end's JSON text: its own key (a tuple: no clash with the canonical form)
+            key = ("text", raw)
+        else:
+            try:
+                key = json.dumps(raw, sort_keys=True, separators=(",", ":"))
+            except (TypeError, ValueError):  # not JSON-shaped: parsed (and refused) below, never cached
+                key = None
         if key is not None and key in self._rows:
             return self._rows[key]
         row = self._build_row(raw)
+        sel = None
+        if row is not None:
+            lay = self.layout
+            reads = np.flatnonzero(lay.returned_mask & (row != 0)).tolist()
+            sel = _Selection(row=row,
+                             fc=row[lay.fused_entries] if lay.fused_entries.size else None,
+                             masks=self.variants.row_masks(row),
+                             tok_cond=bool(lay.conditions.has_token_cond and (row[self._tok_cond] != 0).any()),
+                             reads=tuple(lay.read_info[e] for e in reads))
         if key is not None:
             if len(self._rows) >= _ROW_CACHE:
                 self._rows.clear()
-            self._rows[key] = row
-        return row
+            self._rows[key] = sel
+        return sel
 
     def _build_row(self, raw) -> np.ndarray | None:
         apps = parse_request_apps(raw, field="extra_args.xmix")
@@ -113,7 +149,7 @@ class SlotRegistry:
         """Registry update from a ``SchedulerOutput`` (called before the model runner's own
         update): forget finished and aborted requests, keep preempted ones, register new ones,
         and note where each tracked request's tokens start in this step."""
-        lay, cond = self.layout, self.layout.conditions
+        cond = self.layout.conditions
         for rid in getattr(scheduler_output, "finished_req_ids", ()) or ():  # finished or aborted
             self.forget(rid)
         for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
@@ -121,20 +157,20 @@ class SlotRegistry:
                 self.preempted[rid] = None
         for nr in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
             sp = getattr(nr, "sampling_params", None)
-            row = self.request_row(sp.extra_args if sp is not None else None)
-            self.forget(nr.req_id)
-            if row is not None:
-                self.req_rows[nr.req_id] = row
-                if lay.fused_entries.size:
-                    self.req_fc[nr.req_id] = row[lay.fused_entries]
-                self.variants.add_request(nr.req_id, row)
+            sel = self._selection(sp.extra_args if sp is not None else None)
+            rid = nr.req_id
+            self.forget(rid)
+            if sel is not None:
+                self.req_rows[rid] = sel.row
+                if sel.fc is not None:
+                    self.req_fc[rid] = sel.fc
+                self.variants.add_request(rid, sel.row, sel.masks)
                 P = len(nr.prompt_token_ids) if nr.prompt_token_ids is not None else len(nr.prompt_embeds)
-                self.req_plen[nr.req_id] = P
-                if cond.has_token_cond and nr.prompt_token_ids is not None and (row[self._tok_cond] != 0).any():
-                    self.req_prompt[nr.req_id] = np.asarray(nr.prompt_token_ids, dtype=np.int32)
-                reads = np.flatnonzero(lay.returned_mask & (row != 0))
-                if reads.size:
-                    self.req_reads[nr.req_id] = (tuple(lay.read_info[e] for e in reads.tolist()), P)
+                self.req_plen[rid] = P
+                if sel.tok_cond and nr.prompt_token_ids is not None:
+                    self.req_prompt[rid] = np.asarray(nr.prompt_token_ids, dtype=np.int32)
+                if sel.reads:
+                    self.req_reads[rid] = (sel.reads, P)
         # absolute position of the first scheduled token of each request with apps (alignment of
         # reads and conditions: chunked prefill, recompute and async scheduling come through here)
         self.step_pos = {}
@@ -147,10 +183,8 @@ class SlotRegistry:
             for nr in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
                 if nr.req_id in track:
                     self.step_pos[nr.req_id] = int(nr.num_computed_tokens)
-            if cached is not None:
-                for rid, nct in zip(cached.req_ids, cached.num_computed_tokens):
-                    if rid in track:
-                        self.step_pos[rid] = int(nct)
+            if cached is not None:  # (app-free requests too: one C-level update, their positions unused)
+                self.step_pos.update(zip(cached.req_ids, cached.num_computed_tokens))
 
     def forget(self, rid: str) -> None:
         """Drop request ``rid`` (finished, aborted, or registered again) and free its slot."""
@@ -167,6 +201,7 @@ class SlotRegistry:
     def _free(self, rid: str) -> None:
         s = self.req_slot.pop(rid, None)
         if s is not None:
+            self.slot_fc[s] = 0.0
             self.free_slots.append(s)
 
     def slot_for(self, rid: str) -> int:
@@ -193,5 +228,8 @@ class SlotRegistry:
                 )
             s = self.free_slots.pop()
             self.req_slot[rid] = s
+            fc = self.req_fc.get(rid)
+            if fc is not None:
+                self.slot_fc[s] = fc
             self.pending_rows.append((s, row, self.req_plen.get(rid, 0), self.req_prompt.get(rid)))
         return s

@@ -42,6 +42,10 @@ class _Stage:
     prompts: torch.Tensor  # int32: prompt ids of the step's new slots (token conditions), grown on demand
     event: object | None = None
 
+    def __post_init__(self) -> None:  # numpy views of the pinned buffers, made once
+        self.tok_np, self.rows_np, self.idx_np = self.tok.numpy(), self.rows.numpy(), self.idx.numpy()
+        self.pos_np, self.plen_np, self.fc_np = self.pos.numpy(), self.plen.numpy(), self.fc.numpy()
+
 
 class StepFill:
     """Fills the layout's per-step tables from the scheduler's batch (see the module docstring).
@@ -69,7 +73,7 @@ class StepFill:
             for _ in range(RING)
         ]
         self._ring_pos = 0
-        self._fc_zero = np.zeros(len(lay.fused_entries), dtype=np.float32)
+        self._cuda = pin
         self.high_water = 0
         self.forwards = 0
         self.stage_waits = 0
@@ -115,25 +119,25 @@ class StepFill:
         if T > lay.max_tokens:
             raise RuntimeError(f"vllm_xmix: {T} tokens in a step > buffer size {lay.max_tokens}")
         stage = self._next_stage()
-        tok = stage.tok.numpy()
+        tok = stage.tok_np
         tok[:T] = np.repeat(slots, num_scheduled_tokens[:n_req])
         tok[T:n] = NULL_SLOT
         lay.tok_slot[:n].copy_(stage.tok[:n], non_blocking=True)
         # written whenever fused entries exist, whatever fused_mode says: the first op call decides
         # fused_mode, and a compiled graph may still run after an eager forward came first
         if lay.fused_entries.size:
-            fc = stage.fc.numpy()
-            if any_on:
-                fc[:T] = np.repeat(np.stack(list(map(reg.req_fc.get, ids, repeat(self._fc_zero)))),
-                                   num_scheduled_tokens[:n_req], axis=0)
+            fc = stage.fc_np
+            if any_on:  # each token's row of its slot's coefficients (slot 0: zeros)
+                np.take(reg.slot_fc, tok[:T], axis=0, out=fc[:T], mode="clip")
             else:
                 fc[:T] = 0.0
             fc[T:n] = 0.0
             lay.tok_fc[:n].copy_(stage.fc[:n], non_blocking=True)
-        row0 = np.concatenate([[0], np.cumsum(num_scheduled_tokens[:n_req])[:-1]])  # first row of each request
+        row0 = None
         if cond.has_cond and var.needs_positions():  # absolute position of every token (0 for app-free tokens and padding)
+            row0 = self._first_rows(num_scheduled_tokens[:n_req])
             starts = np.fromiter(map(reg.step_pos.get, ids, repeat(0)), dtype=np.int64, count=n_req)
-            pos = stage.pos.numpy()
+            pos = stage.pos_np
             pos[:T] = np.repeat(starts - row0, num_scheduled_tokens[:n_req]) + np.arange(T)
             pos[:T][tok[:T] == NULL_SLOT] = 0
             pos[T:n] = 0
@@ -145,7 +149,7 @@ class StepFill:
                 buf = self._prompt_buffer(stage, sum(min(len(p), L) for *_, p in reg.pending_rows if p is not None))
                 at = 0
             new_slots = [p[0] for p in reg.pending_rows]
-            idx_h, rows_h, plen_h = stage.idx.numpy(), stage.rows.numpy(), stage.plen.numpy()
+            idx_h, rows_h, plen_h = stage.idx_np, stage.rows_np, stage.plen_np
             for i, (s, row, plen, prompt) in enumerate(reg.pending_rows):
                 idx_h[i] = s
                 rows_h[i] = row
@@ -174,9 +178,18 @@ class StepFill:
         self.high_water = T if any_on else 0
         if reg.step_pos and reg.req_reads:
             rr, sp = reg.req_reads, reg.step_pos
+            if row0 is None:
+                row0 = self._first_rows(num_scheduled_tokens[:n_req])
             first, counts = row0.tolist(), num_scheduled_tokens[:n_req].tolist()  # (Python ints, once per step)
             self.reads.step_reads = [(r, first[i], counts[i], sp[r]) + rr[r]
                                      for i, r in enumerate(req_ids[:n_req]) if r in rr and r in sp]
+
+    @staticmethod
+    def _first_rows(counts: np.ndarray) -> np.ndarray:
+        """The first row of each request in the step (``counts``: its tokens, batch order)."""
+        row0 = np.zeros(len(counts), dtype=np.int64)
+        np.cumsum(counts[:-1], out=row0[1:])
+        return row0
 
     def dummy_forward(self) -> None:
         """Before a forward that does not go through :meth:`fill` (vLLM's dummy runs: profiling,
@@ -204,7 +217,7 @@ class StepFill:
     def _next_stage(self) -> _Stage:
         stage = self._ring[self._ring_pos]
         self._ring_pos = (self._ring_pos + 1) % len(self._ring)
-        if self.layout.device.type == "cuda":
+        if self._cuda:
             if stage.event is None:
                 stage.event = torch.cuda.Event()
             elif not stage.event.query():  # the H2D copy that last read this buffer has not run yet

@@ -143,14 +143,18 @@ class GraphVariants:
         self._pos_need: dict[int, bool] = {}
 
     # ---------------------------------------------------------------- per-request masks
-    def add_request(self, rid: str, row: np.ndarray) -> None:
-        """Record the (eager, compiled) unit masks that request ``rid``'s coefficient row
-        ``[n_entries]`` float32 needs."""
+    def row_masks(self, row: np.ndarray) -> tuple[int, int]:
+        """The (eager, compiled) unit masks that a coefficient row ``[n_entries]`` float32 needs."""
         e = c = 0
         for i in np.flatnonzero(row).tolist():
             e |= self._bits_eager[i]
             c |= self._bits_compiled[i]
-        self._row_masks[rid] = (e, c)
+        return e, c
+
+    def add_request(self, rid: str, row: np.ndarray, masks: tuple[int, int] | None = None) -> None:
+        """Record the (eager, compiled) unit masks that request ``rid``'s coefficient row
+        ``[n_entries]`` float32 needs (``masks``: :meth:`row_masks` of it, when already known)."""
+        self._row_masks[rid] = masks if masks is not None else self.row_masks(row)
         self._need = None
 
     def forget_request(self, rid: str) -> None:
