@@ -268,6 +268,48 @@ def test_a_selection_as_json_text_registers_like_the_same_selection_as_objects()
     assert len(st.slots._rows) == 2
 
 
+def test_staging_ring_is_checked_by_one_event_a_lap(monkeypatch):
+    """The step fill's pinned staging buffers are reused a lap (RING steps) later: one event a lap,
+    recorded after the uploads of the lap's last stage and queried when the next lap starts; a
+    lap whose event has not completed waits for it once (counted in ``stage_waits``). A CPU
+    state with the CUDA path switched on and a stand-in event (the policy, not the driver)."""
+    from vllm_xmix.runtime import step as step_mod
+
+    events = []
+
+    class Event:
+        def __init__(self):
+            self.done, self.records, self.queries, self.syncs = True, 0, 0, 0
+            events.append(self)
+
+        def record(self):
+            self.records += 1
+
+        def query(self):
+            self.queries += 1
+            return self.done
+
+        def synchronize(self):
+            self.syncs += 1
+            self.done = True
+
+    monkeypatch.setattr(step_mod, "_new_event", Event)
+    st = multi_state(fused_mode=True)
+    st.step._cuda = True
+    step(st, new_reqs=[req("a", "steer_all")])  # the first stage
+    for _ in range(2 * step_mod.RING - 1):  # two laps in all
+        st.fill(["a"], np.array([1]))
+    assert len(events) == 1 and events[0].records == 2 and events[0].queries == 1 and st.stage_waits == 0
+    events[0].done = False  # the host ran a lap ahead of the GPU
+    st.fill(["a"], np.array([1]))  # the third lap starts: it waits once
+    assert events[0].syncs == 1 and st.stage_waits == 1
+    for _ in range(step_mod.RING - 1):
+        st.fill(["a"], np.array([1]))
+    assert events[0].records == 3 and events[0].queries == 2 and events[0].syncs == 1
+    st.fill(["b"], np.array([1]))  # an app-free step after apps: the slot table is cleared through a stage too
+    assert not st.tok_slot.numpy().any()
+
+
 def req(rid, *apps, layers=None):
     sel = [{"name": a} if layers is None else {"name": a, "layers": layers} for a in apps]
     sp = NS(extra_args={"xmix": {"apps": sel}})

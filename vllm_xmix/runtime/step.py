@@ -23,9 +23,11 @@ from .variants import GraphVariants
 
 logger = logging.getLogger("vllm.xmix")
 
-#: pinned staging buffers for the per-step uploads, used in turn: a buffer is written again only
-#: after the copy that read it has run (vLLM keeps one or two steps in flight)
-RING = 4
+#: pinned staging buffers for the per-step uploads, used in turn (a lap of RING steps): a buffer is
+#: written again a lap after the copy that read it, which has run by then (vLLM's model runner
+#: waits, before preparing a step's inputs, for the previous step's input copies: async
+#: scheduling's ``prepare_inputs_event``, or the synchronous output); one CUDA event a lap checks it
+RING = 8
 #: new slots uploaded row by row (one host-to-device copy each, no allocation, no kernel); more
 #: in one step go through one ``index_copy_``
 _DIRECT_ROWS = 2
@@ -40,7 +42,6 @@ class _Stage:
     plen: torch.Tensor
     fc: torch.Tensor  # [max_tokens, n_fused] float32: the step's per-token fused coefficients
     prompts: torch.Tensor  # int32: prompt ids of the step's new slots (token conditions), grown on demand
-    event: object | None = None
 
     def __post_init__(self) -> None:  # numpy views of the pinned buffers, made once
         self.tok_np, self.rows_np, self.idx_np = self.tok.numpy(), self.rows.numpy(), self.idx.numpy()
@@ -74,6 +75,9 @@ class StepFill:
         ]
         self._ring_pos = 0
         self._cuda = pin
+        #: recorded after the uploads of a lap's last stage, queried when the next lap starts (an
+        #: event record is a slow driver call on a busy host, ~0.1 ms measured: once a lap, not a step)
+        self._lap_event = None
         self.high_water = 0
         self.forwards = 0
         self.stage_waits = 0
@@ -173,8 +177,10 @@ class StepFill:
                 if cond.has_cond:
                     cond.slot_plen.index_copy_(0, idx, stage.plen[:k].to(lay.device, non_blocking=True))
                 cond.reset_latches(idx)
-        if stage.event is not None:
-            stage.event.record()
+        if self._cuda and self._ring_pos == 0:  # this step used the lap's last stage
+            if self._lap_event is None:
+                self._lap_event = _new_event()
+            self._lap_event.record()
         self.high_water = T if any_on else 0
         if reg.step_pos and reg.req_reads:
             rr, sp = reg.req_reads, reg.step_pos
@@ -215,18 +221,23 @@ class StepFill:
         return stage.prompts
 
     def _next_stage(self) -> _Stage:
-        stage = self._ring[self._ring_pos]
-        self._ring_pos = (self._ring_pos + 1) % len(self._ring)
-        if self._cuda:
-            if stage.event is None:
-                stage.event = torch.cuda.Event()
-            elif not stage.event.query():  # the H2D copy that last read this buffer has not run yet
-                # (never expected: vLLM waits for each step's output before scheduling far ahead;
-                # a blocking wait here would stall the host, so it is counted)
-                self.stage_waits += 1
-                if self.stage_waits == 1:
-                    logger.warning("vllm_xmix: a step's slot-table upload waited for the one %d steps earlier "
-                                   "(the host ran that far ahead of the GPU); counted in XmixState.stage_waits",
-                                   len(self._ring))
-                stage.event.synchronize()
+        """This step's staging buffers (the ring's next). When a lap starts, the event recorded
+        after the previous lap's last uploads must have completed: then every buffer's last copy
+        has run. It always has (see :data:`RING`); if it ever has not, the fill waits for it
+        (a host stall, counted in ``stage_waits`` and logged once)."""
+        pos = self._ring_pos
+        stage = self._ring[pos]
+        self._ring_pos = (pos + 1) % len(self._ring)
+        if pos == 0 and self._lap_event is not None and not self._lap_event.query():
+            self.stage_waits += 1
+            if self.stage_waits == 1:
+                logger.warning("vllm_xmix: a step's slot-table upload waited for the uploads of %d steps earlier "
+                               "(the host ran that far ahead of the GPU); counted in XmixState.stage_waits",
+                               len(self._ring))
+            self._lap_event.synchronize()
         return stage
+
+
+def _new_event():
+    """A CUDA event (timing off) for the lap check of :meth:`StepFill._next_stage`."""
+    return torch.cuda.Event()
