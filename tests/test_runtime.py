@@ -297,17 +297,21 @@ def test_staging_ring_is_checked_by_one_event_a_lap(monkeypatch):
     st = multi_state(fused_mode=True)
     st.step._cuda = True
     step(st, new_reqs=[req("a", "steer_all")])  # the first stage
-    for _ in range(2 * step_mod.RING - 1):  # two laps in all
+    ring = len(st.step._ring)
+    assert ring == step_mod.RING  # (a small deployment: the full ring)
+    for _ in range(2 * ring - 1):  # two laps in all
         st.fill(["a"], np.array([1]))
     assert len(events) == 1 and events[0].records == 2 and events[0].queries == 1 and st.stage_waits == 0
     events[0].done = False  # the host ran a lap ahead of the GPU
     st.fill(["a"], np.array([1]))  # the third lap starts: it waits once
     assert events[0].syncs == 1 and st.stage_waits == 1
-    for _ in range(step_mod.RING - 1):
+    for _ in range(ring - 1):
         st.fill(["a"], np.array([1]))
     assert events[0].records == 3 and events[0].queries == 2 and events[0].syncs == 1
     st.fill(["b"], np.array([1]))  # an app-free step after apps: the slot table is cleared through a stage too
     assert not st.tok_slot.numpy().any()
+    monkeypatch.setattr(step_mod, "RING_BYTES", 1)  # staging buffers too large for the full ring
+    assert len(multi_state(fused_mode=True).step._ring) == step_mod.RING_MIN
 
 
 def req(rid, *apps, layers=None):

@@ -28,6 +28,10 @@ logger = logging.getLogger("vllm.xmix")
 #: waits, before preparing a step's inputs, for the previous step's input copies: async
 #: scheduling's ``prepare_inputs_event``, or the synchronous output); one CUDA event a lap checks it
 RING = 8
+#: the ring's pinned bytes above which it keeps to RING_MIN stages (a stage's fused-coefficient
+#: buffer grows with max_num_batched_tokens x fused entries)
+RING_BYTES = 64 << 20
+RING_MIN = 4
 #: new slots uploaded row by row (one host-to-device copy each, no allocation, no kernel); more
 #: in one step go through one ``index_copy_``
 _DIRECT_ROWS = 2
@@ -60,6 +64,9 @@ class StepFill:
         self.layout, self.slots, self.variants, self.reads = layout, slots, variants, reads
         lay = layout
         pin = lay.device.type == "cuda"
+        stage_bytes = 4 * (2 * lay.max_tokens + lay.max_slots * (lay.coef.shape[1] + 3) + lay.tok_fc.numel()
+                           + (lay.max_tokens if layout.conditions.has_token_cond else 1))
+        n_stages = RING if RING * stage_bytes <= RING_BYTES else RING_MIN
         self._ring = [
             _Stage(
                 tok=torch.zeros(lay.max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
@@ -71,7 +78,7 @@ class StepFill:
                 prompts=torch.zeros(lay.max_tokens if layout.conditions.has_token_cond else 1, dtype=torch.int32,
                                     device="cpu", pin_memory=pin),
             )
-            for _ in range(RING)
+            for _ in range(n_stages)
         ]
         self._ring_pos = 0
         self._cuda = pin
