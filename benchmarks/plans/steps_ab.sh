@@ -5,7 +5,7 @@
 # checkout's engine first with one line-profiled round per app of LINES (the registry update and
 # the step fill under line_profiler), then, with OLD_FILES, a copy of this checkout whose
 # vllm_xmix/runtime files are replaced by those in OLD_FILES (e.g. `git show REV:vllm_xmix/runtime/
-# step.py > .gpu/old/step.py`; carried, not committed). ~4 min an engine on an H100.
+# step.py > .gpu/old/step.py`; carried, not committed). 3-4 min an engine on an H100 (measured).
 # MODEL (default benchmarks/models/llama31_8b); NUM_PROMPTS (default 150);
 # CONFIGS (default inactive,steer_one,cast,steer_all); LINES (default steer_one,cast; empty: none):
 # line_profiler importable, or its wheel carried in .gpu/lp (unpacked to /root/lp).
