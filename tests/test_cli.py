@@ -42,6 +42,36 @@ def test_the_console_script_is_declared():
         assert tomllib.load(f)["project"]["scripts"]["vllm-xmix"] == "vllm_xmix.cli:main"
 
 
+def test_the_served_config_keeps_a_router_mask_and_every_float(tmp_path):
+    """``vllm-xmix serve`` hands the deployment to vLLM in a ``--config`` YAML file: read back by
+    vLLM's own argument parser, a router mask's ``-inf`` stays a float (JSON's ``-Infinity`` would
+    read as a string and fail the deployment's check at engine start) and every other number is
+    the one the deployment file gave."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_xmix.spec import parse_deployment
+
+    (tmp_path / "moe.yaml").write_text(
+        "apps:\n"
+        "  - name: no_expert_0\n"
+        "    ops:\n"
+        "      - {primitive: write, kind: router_bias, hook: mlp.hook_router_logits, layers: all,\n"
+        "         vector: [-.inf, 0.0, 1.0e-7, 0.1], scale: 1.0}\n"
+        "  - name: happy\n"
+        "    ops:\n"
+        "      - {primitive: write, kind: add, hook: hook_resid_post, layers: [1], vector: [0.3, -2.5e-3], scale: 3}\n")
+    dep = cli.load_deployment_file(str(tmp_path / "moe.yaml"))
+    path = str(tmp_path / "served.yaml")
+    cli.write_vllm_config(path, {"xmix": dep})
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", "m", "--config", path])
+    got = parse_deployment(args.additional_config["xmix"])
+    mask, add = (a.ops[0] for a in got.apps)
+    assert mask.vector == [-float("inf"), 0.0, 1e-7, 0.1] and add.vector == [0.3, -2.5e-3] and add.scale == 3.0
+    assert args.additional_config["xmix"] == dep
+
+
 def test_apps_validate_checks_against_the_model_config(tiny_llama, tmp_path, capsys):
     path = write_deployment(tmp_path)
     assert cli.main(["apps", "validate", path, "--model", tiny_llama]) == 0

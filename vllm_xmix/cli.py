@@ -135,6 +135,27 @@ def _validate(path: str, model: str) -> str:
 SHUTDOWN_TIMEOUT_S = 10
 
 
+def write_vllm_config(path: str, additional_config: dict) -> None:
+    """Write vLLM's ``--config`` YAML file with ``additional_config`` as its ``additional-config``
+    (e.g. ``{"xmix": ...}`` as :func:`vllm_xmix.deploy` returns it), read back by vLLM's
+    ``yaml.safe_load`` with every number as written. YAML, not JSON: JSON has no infinity, and
+    its ``-Infinity`` token (Python's ``json``) reads in YAML as a string, so a ``router_bias``
+    mask (``-inf`` entries) would fail the deployment's check at engine start; YAML writes it
+    ``-.inf``. Floats keep their ``repr`` digits (float32 values survive exactly).
+
+    Raises:
+        OSError: the file cannot be written."""
+    import yaml
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # (libyaml's: ~1 s for 200k numbers)
+    text = yaml.dump({"additional-config": additional_config}, Dumper=dumper, default_flow_style=True,
+                     width=1 << 30, sort_keys=False)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def _serve(model: str, apps: str, rest: list[str], admin_key: str | None = None) -> int:
     dep = load_deployment_file(apps)
     if not any(a == "--shutdown-timeout" or a.startswith("--shutdown-timeout=") for a in rest):
@@ -144,8 +165,8 @@ def _serve(model: str, apps: str, rest: list[str], admin_key: str | None = None)
 
         os.environ[ADMIN_KEY_ENV] = admin_key
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="vllm-xmix-", delete=False) as f:
-        json.dump({"additional-config": {CONFIG_KEY: dep}}, f)  # (JSON is YAML)
         cfg_path = f.name
+    write_vllm_config(cfg_path, {CONFIG_KEY: dep})
     atexit.register(lambda: os.path.exists(cfg_path) and os.unlink(cfg_path))
     print(f"vllm-xmix: serving {model} with {len(dep.get('apps', []))} apps from {apps} "
           f"(vLLM --config {cfg_path})", flush=True)

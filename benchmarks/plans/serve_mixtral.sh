@@ -9,7 +9,8 @@
 # vanilla's by round number; not interleaved across the servers, so apps off, measured beside
 # the apps in the plugin's phase, is the reference that shares their conditions).
 # Markers: MHOOKS MUP MR16 MSAT ALLDONE (in this order; one at a time: MUP after the plugin's
-# server is up). See README.md. Not yet run.
+# server is up). MHOOKS=0 skips the hook check, MSERVE=0 the serving (a short lease: serving
+# first, `chain.sh 'MHOOKS=0 bash ...' 'MSERVE=0 bash ...'`). See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
 R=/root/res; S=/root/xmix-serve/mixtral; mkdir -p $R $S
@@ -34,6 +35,7 @@ if [ "${MHOOKS:-1}" = 1 ]; then
   $B hooks-check --compare $R/mix_graphs.json $R/mix_eager.json > $R/mix_compare.txt 2>&1; echo "rc=$?"
 fi
 echo MHOOKS
+[ "${MSERVE:-1}" = 1 ] || { echo ALLDONE; exit 0; }
 START="$B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM --server-args=--quantization=fp8 --record-steps"
 R16="--rates 16 --num-prompts 400 --warmup 1 --warmup-prompts 60 --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128"
 SAT="--rates inf --num-prompts 1000 --warmup 1 --warmup-prompts 200 --repeats 2"

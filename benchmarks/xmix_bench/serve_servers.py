@@ -237,6 +237,7 @@ def start(args, profiler: bool | None = None) -> dict:
     """Start the servers (all of them, or those of ``--servers``), one after the other (each
     start-up measures its own memory)."""
     from vllm_xmix import deploy
+    from vllm_xmix.cli import write_vllm_config
 
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -256,10 +257,10 @@ def start(args, profiler: bool | None = None) -> dict:
     cfg = common.load_config(args.model)
     serving = build_serving_dir(args.model, os.path.join(out, "model"))
     apps = common.serving_apps(cfg, os.path.join(out, "vectors"))
-    # the deployment goes in through vLLM's --config YAML (JSON is YAML): a token set of 25k ids
-    # would make an --additional-config argument longer than the OS allows (128 KiB)
+    # the deployment goes in through vLLM's --config YAML: a token set of 25k ids would make an
+    # --additional-config argument longer than the OS allows (128 KiB)
     xmix_cfg = os.path.join(out, "xmix_config.yaml")
-    common.write_json(xmix_cfg, {"additional-config": deploy(*apps, fused_writes=args.fused_writes)}, indent=None)
+    write_vllm_config(xmix_cfg, deploy(*apps, fused_writes=args.fused_writes))
     server_args = ["--gpu-memory-utilization", str(args.gpu_mem), "--max-model-len", str(args.max_model_len),
                    "--dtype", args.dtype] + args.server_args.split()
     profiler = args.profiler if profiler is None else profiler
