@@ -75,7 +75,9 @@ def test_block_has_a_row_per_configuration_and_marks_what_was_not_measured(tmp_p
     assert text.rstrip().endswith(HISTORY.rstrip())  # the history below is kept as it was
     for _, configs, _, _ in report.BUDGETS:
         for cfg in configs:
-            _row(text, cfg)
+            if cfg not in report.WHERE_MEASURED:
+                _row(text, cfg)
+    assert "| router_mask |" not in text  # (an MoE app: a row only where it was measured)
     assert text.count(f"### {MODEL}") == 1
     # measured: values with their range and a status against the bound
     steer = _row(text, "steer_all")
@@ -94,6 +96,30 @@ def test_block_has_a_row_per_configuration_and_marks_what_was_not_measured(tmp_p
     assert "| not measured | – |" in _row(text, "all_apps")
     assert "| not measured | – |" in _row(text, "CUDA-graph capture")
     assert "Qwen3-8B, Mixtral-8x7B: not measured." in text
+
+
+def test_a_measurement_marked_not_comparable_gets_no_verdict(tmp_path):
+    """An MoE model's row for router_mask shows once measured; a measurement marked
+    ``not_comparable`` (an app that changes the model's work) says why instead of met/missed,
+    and a ``note`` is added to its row's status."""
+    moe = "Mixtral-8x7B"
+    latest = {"models": {moe: {"serve": {
+        "steer_all": {"rate=16": _entry("c2", "2026-12-07", mean_itl=_stat(0.66, 0.65, 0.67, 2),
+                                        p99_itl=_stat(0.9, 0.8, 0.99, 2), mean_ttft=_stat(0.6, 0.3, 0.8, 2),
+                                        not_comparable="the routing moved")},
+        "router_mask": {"rate=16": _entry("c2", "2026-12-07", mean_itl=_stat(1.02, 1.015, 1.03, 2),
+                                          p99_itl=_stat(0.99, 0.98, 0.995, 2), mean_ttft=_stat(0.99, 0.98, 0.995, 2),
+                                          note="one expert fewer")},
+    }}}}
+    lp, md = _files(tmp_path, latest)
+    assert _run(lp, md) == 0
+    text = open(md).read()
+    steer = _row(text, "steer_all")
+    assert "| not comparable: the routing moved; not measured: throughput" not in steer  # (no verdict text at all)
+    assert "| not comparable: the routing moved |" in steer and "met" not in steer.split("|")[-3], steer
+    assert "-34.0% [-35.0, -33.0]" in steer  # the values are still shown
+    mask = _row(text, "router_mask")
+    assert "| missed: mean ITL; not measured: throughput, decode step; one expert fewer |" in mask, mask
 
 
 @pytest.mark.parametrize("caches, status", [

@@ -9,7 +9,7 @@
 # vanilla's by round number; not interleaved across the servers, so apps off, measured beside
 # the apps in the plugin's phase, is the reference that shares their conditions).
 # Markers: MHOOKS MUP MR16 MSAT ALLDONE (in this order; one at a time: MUP after the plugin's
-# server is up). MHOOKS=0 skips the hook check, MSERVE=0 the serving (a short lease: serving
+# server is up; ~22 min on an H100, serving ~16 of it). MHOOKS=0 skips the hook check, MSERVE=0 the serving (a short lease: serving
 # first, `chain.sh 'MHOOKS=0 bash ...' 'MSERVE=0 bash ...'`). See README.md.
 cd "${XMIX_REPO:?}" || exit 1
 source /root/xmix-env.sh
@@ -37,7 +37,9 @@ fi
 echo MHOOKS
 [ "${MSERVE:-1}" = 1 ] || { echo ALLDONE; exit 0; }
 START="$B serve start --model $M --out $S --latest $S/latest.json --gpu-mem $MEM --server-args=--quantization=fp8 --record-steps"
-R16="--rates 16 --num-prompts 400 --warmup 1 --warmup-prompts 60 --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128"
+# (200 warm-up prompts: with 60, the first round after each start-up took 2.6x / 9.3x as long to a
+# first token as the second, a271519)
+R16="--rates 16 --num-prompts 400 --warmup 1 --warmup-prompts 200 --repeats 2 --dataset random --input-len 256 --range-ratio 0.9 --output-len 128"
 SAT="--rates inf --num-prompts 1000 --warmup 1 --warmup-prompts 200 --repeats 2"
 if [ $ONE = 1 ]; then
   $START --servers vanilla > $R/mstart_vanilla.log 2>&1; echo "rc=$?"

@@ -13,7 +13,11 @@ per-request configurations: throughput >= -2%; all apps on at once: throughput >
 <= 1.5x plain; CUDA-graph memory <= plain + 1 GiB. Latency comes from the latest finite request
 rate, throughput from saturation (rate inf). A line is *met* when its whole range is inside the
 bound, *missed* when its whole range is outside, *unresolved* when the range straddles it or
-when a single round inside the bound is all there is.
+when a single round inside the bound is all there is. A measurement with a ``not_comparable``
+text (set by hand in latest.json, with the evidence in RESULTS.md's History) is not judged:
+its row says why instead (e.g. an app that changes how much work the model does, as steering
+does to an MoE model's routing on dummy weights); a ``note`` text is added to its row's status.
+router_mask's row shows only for a model where it was measured (MoE models).
 
 ``--merge FILE``: measurements of another latest.json (e.g. one written on the GPU machine under
 ``$OUT``) replace these; ``--add-serve DIR``: the serving runs of a ``serve`` folder's
@@ -39,7 +43,8 @@ LATENCY = ("mean_itl", "p99_itl", "mean_ttft")
 BUDGETS = (
     ("Apps deployed, all off: within 0.3%", ("inactive",), LATENCY + ("throughput", "decode"), 0.3),
     ("Each app on every request: latency within +1%, throughput >= -1%",
-     ("steer_all", "ablate_all", "probe_one", "seal", "cast", "steer_one"), LATENCY + ("throughput", "decode"), 1.0),
+     ("steer_all", "ablate_all", "probe_one", "seal", "cast", "steer_one", "router_mask"),
+     LATENCY + ("throughput", "decode"), 1.0),
     ("256 distinct per-request configs: throughput >= -2%", ("steer_all_K256",), ("throughput",), 2.0),
     ("All apps on at once: throughput >= -3%", ("all_apps",), ("throughput",), 3.0),
 )
@@ -51,6 +56,8 @@ CALIBRATION = "Calibration: plain vLLM against itself (A/A)"
 #: the other calibration rows: configuration -> (label, what the row says instead of a status)
 CALIBRATION_ROWS = {"aa_empty": ("Calibration: the plugin loaded, nothing deployed",
                                  "no budget: the plugin's patches alone, without a deployment")}
+#: configurations whose row shows only where measured (router_mask: MoE models only)
+WHERE_MEASURED = ("router_mask",)
 #: start-up <= 1.5x plain; graph memory <= plain + 1 GiB
 STARTUP_MAX, GRAPH_EXTRA_GIB = 1.5, 1.0
 
@@ -239,6 +246,16 @@ def _status(verdicts: list, missing: list) -> str:
     return s
 
 
+def _row_status(shown: dict, verdicts: list, missing: list) -> str:
+    """A row's status: its verdicts, or, where its measurements say ``not_comparable``, that
+    text instead (no verdict); each measurement's ``note`` added."""
+    es = [e for _, e in shown.values()]
+    why = list(dict.fromkeys(e["not_comparable"] for e in es if e.get("not_comparable")))
+    s = ("not comparable: " + "; ".join(why)) if why else _status(verdicts, missing)
+    notes = list(dict.fromkeys(e["note"] for e in es if e.get("note")))
+    return "; ".join([s] + notes)
+
+
 def _judge_startup(e: dict) -> tuple[bool | None, str]:
     """The start-up line of one ``startup`` entry: met / missed only where both servers started
     with alike compile caches (``caches``: ``{"plain": s, "xmix": s}``, each ``cold``, ``warm`` or
@@ -275,12 +292,14 @@ def render_model(name: str, model: dict) -> tuple[list[str], list[str]]:
     for label, configs, metrics, bound in BUDGETS:
         for i, cfg in enumerate(configs):
             entries = pick(model, cfg)
+            if cfg in WHERE_MEASURED and not entries:
+                continue
             shown = {k: v for k, v in entries.items() if (k == "latency" and set(LATENCY) & set(metrics))
                      or (k in metrics)}
             cells, verdicts, missing = _cells(shown, metrics, bound)
             _note_uses(used, shown, cfg)
             rows.append(f"| {label if i == 0 else ''} | {cfg} | " + " | ".join(cells[m] for m in COLUMNS)
-                        + f" | {_status(verdicts, missing)} | {_measured(shown.values())} |")
+                        + f" | {_row_status(shown, verdicts, missing)} | {_measured(shown.values())} |")
     for cfg in sorted(model.get("calibration", {})):  # the pair's offset without apps: read the lines beside it
         entries = pick({"serve": model["calibration"]}, cfg)
         cells, _, _ = _cells(entries, ("mean_itl", "p99_itl", "mean_ttft", "throughput"), 0.0)
