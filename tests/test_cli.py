@@ -42,11 +42,12 @@ def test_the_console_script_is_declared():
         assert tomllib.load(f)["project"]["scripts"]["vllm-xmix"] == "vllm_xmix.cli:main"
 
 
-def test_the_served_config_keeps_a_router_mask_and_every_float(tmp_path):
+@pytest.mark.parametrize("neg_inf", ["-.inf", "-inf", "-Infinity"])  # YAML's, Python's and JSON's spelling
+def test_the_served_config_keeps_a_router_mask_and_every_float(tmp_path, neg_inf):
     """``vllm-xmix serve`` hands the deployment to vLLM in a ``--config`` YAML file: read back by
     vLLM's own argument parser, a router mask's ``-inf`` stays a float (JSON's ``-Infinity`` would
     read as a string and fail the deployment's check at engine start) and every other number is
-    the one the deployment file gave."""
+    the one the deployment file gave, however the file spells minus infinity."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -57,7 +58,7 @@ def test_the_served_config_keeps_a_router_mask_and_every_float(tmp_path):
         "  - name: no_expert_0\n"
         "    ops:\n"
         "      - {primitive: write, kind: router_bias, hook: mlp.hook_router_logits, layers: all,\n"
-        "         vector: [-.inf, 0.0, 1.0e-7, 0.1], scale: 1.0}\n"
+        f"         vector: [{neg_inf}, 0.0, 1.0e-7, 0.1], scale: 1.0}}\n"
         "  - name: happy\n"
         "    ops:\n"
         "      - {primitive: write, kind: add, hook: hook_resid_post, layers: [1], vector: [0.3, -2.5e-3], scale: 3}\n")

@@ -35,7 +35,10 @@ from .spec import CONFIG_KEY, XmixSpecError, parse_deployment
 
 def _yaml_load(f):
     """YAML (or JSON) with numbers such as ``1e3`` read as floats, as in JSON (YAML 1.1, which
-    PyYAML follows, needs ``1.0e+3``). Raises ValueError for text that does not parse."""
+    PyYAML follows, needs ``1.0e+3``), and infinity written ``-inf`` or ``-Infinity`` (Python's
+    and JSON's spelling; YAML's is ``-.inf``) read as a float too, not as a string: a router mask
+    (``router_bias`` with ``-inf`` entries) reads as written. Raises ValueError for text that
+    does not parse."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -47,8 +50,9 @@ def _yaml_load(f):
                       |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
                       |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                       |[-+]?\.(?:inf|Inf|INF)
+                      |[-+]?(?:inf|Inf|INF|infinity|Infinity|INFINITY)
                       |\.(?:nan|NaN|NAN))$""", re.X),
-        list("-+0123456789."))
+        list("-+0123456789.iI"))
     try:
         return yaml.load(f, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
