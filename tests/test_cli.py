@@ -42,6 +42,36 @@ def test_the_console_script_is_declared():
         assert tomllib.load(f)["project"]["scripts"]["vllm-xmix"] == "vllm_xmix.cli:main"
 
 
+def test_apps_validate_checks_write_sizes_in_the_serving_dtype(tiny_llama, tmp_path, capsys):
+    """What engine start refuses, `apps validate` refuses: a write that overflows the dtype the
+    model is served in (the config's torch_dtype, or --dtype), naming the vector when its entries
+    alone are too large; a NaN entry is named as such however the file spells it; a closed pipe
+    after a passing check is no error."""
+    import subprocess
+    import sys
+
+    v = np.asarray(V_HAPPY, np.float32) / np.abs(V_HAPPY).max() * 300.0  # largest entry 300
+    path = write_deployment(tmp_path, vector=v)  # (scale 4: writes up to 1200)
+    assert cli.main(["apps", "validate", path, "--model", tiny_llama]) == 0  # float32 (the config's)
+    assert "writes checked for float32" in capsys.readouterr().out
+    assert cli.main(["apps", "validate", path, "--model", tiny_llama, "--dtype", "float16"]) == 2
+    err = capsys.readouterr().err
+    assert "in float16: apps.0(happy).ops.0.vector: app 'happy' op 0 would write values up to 1.2e+03 " in err, err
+    assert "largest vector entry 300" in err and "writes up to 256 stay finite" in err, err
+    assert cli.main(["apps", "validate", path, "--model", tiny_llama, "--dtype", "float8"]) == 2
+    assert "--dtype float8: not a torch dtype" in capsys.readouterr().err
+    for spelled in ("NaN", "nan", ".nan"):
+        (tmp_path / "nan.yaml").write_text(
+            f"apps:\n- name: n\n  ops: [{{primitive: write, kind: add, hook: hook_resid_post, layers: [1], "
+            f"vector: [0.5, {spelled}]}}]\n")
+        assert cli.main(["apps", "validate", str(tmp_path / "nan.yaml"), "--model", tiny_llama]) == 2
+        assert "apps.0.ops.0.vector: entry 1 is nan" in capsys.readouterr().err, spelled
+    r = subprocess.run(f"{sys.executable} -m vllm_xmix.cli apps validate {path} --model {tiny_llama} | true",
+                       shell=True, capture_output=True, text=True, timeout=300, executable="/bin/bash",
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("neg_inf", ["-.inf", "-inf", "-Infinity"])  # YAML's, Python's and JSON's spelling
 def test_the_served_config_keeps_a_router_mask_and_every_float(tmp_path, neg_inf):
     """``vllm-xmix serve`` hands the deployment to vLLM in a ``--config`` YAML file: read back by

@@ -116,11 +116,11 @@ def test_router_bias_errors(tiny_llama):
 
     a = MIApp("r")
     a.write("router_bias", vector=MASK).layers("all").submodule("hook_resid_post")
-    with pytest.raises(XmixSpecError, match=r"'router_bias' writes go to 'mlp.hook_router_logits' and only there"):
+    with pytest.raises(XmixSpecError, match=r"hook: a 'router_bias' write goes to 'mlp.hook_router_logits' \(got 'hook_resid_post'\)"):
         deploy(a)
     b = MIApp("r")
     b.write("add", vector=[1.0] * 4).submodule("mlp.hook_router_logits")
-    with pytest.raises(XmixSpecError, match=r"'router_bias' writes go to"):
+    with pytest.raises(XmixSpecError, match=r"kind: only 'router_bias' writes at 'mlp.hook_router_logits' \(got 'add'\)"):
         deploy(b)
     c = MIApp("r")
     c.write("add", vector=[-math.inf] + [0.0] * 63)

@@ -10,9 +10,10 @@ against a model, run the demo.
   ``--admin-key KEY`` guards the routes that change apps on the running server
   (``POST /v1/mi/apps``, ``POST /v1/mi/apps/{name}``; default: vLLM's ``--api-key``); the
   deployment's ``reserve:`` block sizes what they can add.
-* ``vllm-xmix apps validate apps.yaml --model MODEL``: the checks of engine start that need no
-  engine (the architecture and its hook points, layers, vector widths and files, token ids) against
-  ``MODEL``'s ``config.json``; prints the apps, their ops and hook sites and content hashes.
+* ``vllm-xmix apps validate apps.yaml --model MODEL [--dtype DTYPE]``: the checks of engine start
+  that need no engine (the architecture and its hook points, layers, vector widths and files,
+  token ids, and the largest write that stays finite in the dtype the model will be served in)
+  against ``MODEL``'s ``config.json``; prints the apps, their ops and hook sites and content hashes.
 * ``vllm-xmix demo [demo options]``: the shipped model's demo (``python -m vllm_xmix.demo``).
 
 A deployment file is YAML or JSON: the ``additional_config["xmix"]`` dict (``apps``,
@@ -36,8 +37,9 @@ from .spec import CONFIG_KEY, XmixSpecError, parse_deployment
 def _yaml_load(f):
     """YAML (or JSON) with numbers such as ``1e3`` read as floats, as in JSON (YAML 1.1, which
     PyYAML follows, needs ``1.0e+3``), and infinity written ``-inf`` or ``-Infinity`` (Python's
-    and JSON's spelling; YAML's is ``-.inf``) read as a float too, not as a string: a router mask
-    (``router_bias`` with ``-inf`` entries) reads as written. Raises ValueError for text that
+    and JSON's spelling; YAML's is ``-.inf``) and ``nan`` / ``NaN`` read as floats too, not as
+    strings: a router mask (``router_bias`` with ``-inf`` entries) reads as written, and a NaN
+    is refused as a NaN, naming its entry. Raises ValueError for text that
     does not parse."""
     import yaml
 
@@ -51,8 +53,9 @@ def _yaml_load(f):
                       |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
                       |[-+]?\.(?:inf|Inf|INF)
                       |[-+]?(?:inf|Inf|INF|infinity|Infinity|INFINITY)
-                      |\.(?:nan|NaN|NAN))$""", re.X),
-        list("-+0123456789.iI"))
+                      |\.(?:nan|NaN|NAN)
+                      |(?:nan|NaN|NAN))$""", re.X),
+        list("-+0123456789.iInN"))
     try:
         return yaml.load(f, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
@@ -98,12 +101,20 @@ def _in_file(e: Exception) -> str:
     return str(e).replace(f"additional_config.{CONFIG_KEY}.", "").replace(f"additional_config.{CONFIG_KEY}", "deployment")
 
 
-def _validate(path: str, model: str) -> str:
-    """Check the deployment file against ``model``'s config; returns the report text."""
+def _validate(path: str, model: str, dtype: str = "auto") -> str:
+    """Check the deployment file against ``model``'s config; returns the report text. ``dtype``:
+    the one the model will be served in (``--dtype`` of ``serve``), for the family's dtype rules
+    and the largest write that stays finite; ``auto``: the config's ``torch_dtype`` (float32 if
+    it has none; vLLM's ``auto`` serves a float32 checkpoint in bfloat16 or float16 depending on
+    the platform, whose limits are bfloat16's, within 0.4% of float32's, or float16's)."""
+    from types import SimpleNamespace
+
+    import torch
     from transformers import AutoConfig
 
     from .hf_config import text_config
-    from .validation.engine import validate_for_model
+    from .validation.engine import _check_family_dtype, validate_for_model
+    from .validation.requests import check_write_magnitude, measure_deployment
 
     dep_dict = load_deployment_file(path)
     dep = parse_deployment(dep_dict)
@@ -114,13 +125,25 @@ def _validate(path: str, model: str) -> str:
     except Exception as e:
         raise XmixSpecError(f"--model {model}: cannot read its config.json ({type(e).__name__}: {e})") from None
     archs = list(getattr(cfg, "architectures", None) or [])
+    text = text_config(cfg)
+    cfg_dtype = next((d for c in (text, cfg) for d in (c.__dict__.get("dtype"), c.__dict__.get("torch_dtype")) if d),
+                     None)  # (from the instance: the torch_dtype property of newer transformers warns)
+    name = dtype if dtype != "auto" else str(cfg_dtype or "float32").removeprefix("torch.")
+    torch_dtype = getattr(torch, name, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise XmixSpecError(f"--dtype {dtype}: not a torch dtype (float32, bfloat16, float16)")
     try:
         validate_for_model(dep, archs, cfg)
+        _check_family_dtype(dep, archs, text, torch_dtype)
+        stand_in = SimpleNamespace(model_config=SimpleNamespace(dtype=torch_dtype, hf_config=cfg))
+        info = measure_deployment(stand_in, dep)
+        for ai, app in enumerate(dep.apps):
+            check_write_magnitude(stand_in, app.name, None, f"additional_config.xmix.apps.{ai}({app.name})",
+                                  per_op=True, info=info)
     except XmixSpecError as e:
-        raise XmixSpecError(f"{path} for --model {model}: {_in_file(e)}") from None
-    text = text_config(cfg)
+        raise XmixSpecError(f"{path} for --model {model} in {name}: {_in_file(e)}") from None
     lines = [f"{path}: valid for {model} ({archs[0] if archs else '?'}, {text.num_hidden_layers} layers, "
-             f"d_model {text.hidden_size}); fused_writes={dep.fused_writes}"]
+             f"d_model {text.hidden_size}, writes checked for {name}); fused_writes={dep.fused_writes}"]
     for app in dep.apps:
         lines.append(f"  {app.name}  (content hash {app.content_hash()})")
         for op in app.ops:
@@ -198,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     v = asub.add_parser("validate", help="check a deployment file against a model's config, without an engine")
     v.add_argument("file")
     v.add_argument("--model", required=True, help="model folder (its config.json)")
+    v.add_argument("--dtype", default="auto", metavar="DTYPE",
+                   help="the dtype the model will be served in (serve's --dtype: float32, bfloat16, float16), "
+                        "for the largest write that stays finite; default auto: the config's torch_dtype")
     sub.add_parser("demo", help="the shipped model's demo (its options: vllm-xmix demo --help)", add_help=False)
     args, rest = ap.parse_known_args(argv)
     if rest and args.cmd == "apps":
@@ -206,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "serve":
             return _serve(args.model, args.apps, rest, args.admin_key)
         if args.cmd == "apps":
-            print(_validate(args.file, args.model))
+            text = _validate(args.file, args.model, args.dtype)
+            try:
+                print(text, flush=True)
+            except BrokenPipeError:  # (`| head`: the reader left; the check itself passed)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit)
             return 0
         from . import demo
 

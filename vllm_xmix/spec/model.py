@@ -91,9 +91,13 @@ def _number_list(v, *, neg_inf: bool):
         vals = [_finite_number(x) for x in v]
     else:
         vals = [x if isinstance(x, float) else _finite_number(x) for x in v]
-        if any(math.isnan(x) or x == math.inf for x in vals):
-            raise ValueError("contains NaN or inf")
-    if any(vals) and not np.asarray(vals, dtype=np.float32).any():  # (zeros as given are the caller's choice)
+        bad = next((i for i, x in enumerate(vals) if math.isnan(x) or x == math.inf), None)
+        if bad is not None:
+            raise ValueError(f"entry {bad} is {vals[bad]}: of the non-finite values only -inf is allowed "
+                             "(a router_bias mask), never NaN or +inf")
+    with np.errstate(over="ignore"):  # (an entry beyond float32's range is refused by name later)
+        any_f32 = np.asarray(vals, dtype=np.float32).any()
+    if any(vals) and not any_f32:  # (zeros as given are the caller's choice)
         raise ValueError(f"every entry underflows float32 (the largest, {max(map(abs, vals)):.3g}, is below "
                          f"{float(_F32.smallest_subnormal):.3g}): the vector would apply as zeros; vectors are "
                          "applied in float32")
@@ -307,9 +311,11 @@ class WriteOp(BaseModel):
 
     @model_validator(mode="after")
     def _router_rules(self):
-        if (self.kind == "router_bias") != (self.hook == ROUTER_HOOK):
-            raise ValueError(f"kind: 'router_bias' writes go to {ROUTER_HOOK!r} and only there "
-                             f"(got kind {self.kind!r} at {self.hook!r})")
+        if self.kind == "router_bias" and self.hook != ROUTER_HOOK:
+            raise ValueError(f"hook: a 'router_bias' write goes to {ROUTER_HOOK!r} (got {self.hook!r})")
+        if self.kind != "router_bias" and self.hook == ROUTER_HOOK:
+            raise ValueError(f"kind: only 'router_bias' writes at {ROUTER_HOOK!r} (got {self.kind!r}); "
+                             "other writes go to the residual-stream hooks")
         if isinstance(self.vector, list) and any(math.isinf(x) for x in self.vector):
             if self.kind != "router_bias":
                 raise ValueError("vector: contains -inf (allowed only in router_bias masks)")

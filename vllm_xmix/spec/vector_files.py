@@ -124,5 +124,8 @@ def load_vector(ref, field: str, allow_neg_inf: bool = False) -> np.ndarray:
     if allow_neg_inf:
         bad &= ~np.isneginf(arr)
     if bad.any():
-        raise XmixSpecError(f"{field}: contains NaN or inf")
+        i = int(np.flatnonzero(bad)[0])
+        raise XmixSpecError(f"{field}: entry {i} is {float(arr[i])}: "
+                            + ("of the non-finite values only -inf is allowed (a router_bias mask), never NaN or +inf"
+                               if allow_neg_inf else "NaN and inf are not allowed (-inf only in router_bias masks)"))
     return arr

@@ -218,12 +218,16 @@ def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field
             big = abs(c) * size
         if big > limit:
             dtype = getattr(vllm_config.model_config, "dtype", "float32")
-            if per_op:
-                by_value = kind == "clamp" and abs(c) * size >= abs(1.0 - c) * PROJ_SPAN
-                field = f"{field}.ops.{oi}.{'value' if by_value else 'scale'}"
+            if per_op:  # the field to change: a clamp's value, a vector whose entries alone are too large, or the scale
+                if kind == "clamp":
+                    what = "value" if abs(c) * size >= abs(1.0 - c) * PROJ_SPAN else "scale"
+                else:
+                    what = "vector" if kind != "ablate" and size > limit else "scale"
+                field = f"{field}.ops.{oi}.{what}"
             raise XmixSpecError(
                 f"{field}: app {app_name!r} op {oi} would write values up to {big:.3g} (scale {c:g}"
-                + (f", value {size:g}" if dep.app(app_name).ops[oi].kind == "clamp" else "") + "); "
+                + (f", value {size:g}" if kind == "clamp" else
+                   f", largest vector entry {size:g}" if kind != "ablate" else "") + "); "
                 f"with the model's dtype {dtype}, writes up to {limit:.3g} stay finite here"
                 + ("" if kind == "router_bias" else " (the next RMSNorm's float32 sum of squares included)")
                 + ": larger ones overflow to inf/NaN, which would reach other requests through reused "
