@@ -113,7 +113,7 @@ def _validate(path: str, model: str, dtype: str = "auto") -> str:
     from transformers import AutoConfig
 
     from .hf_config import text_config
-    from .validation.engine import _check_family_dtype, validate_for_model
+    from .validation.engine import check_family_dtype, validate_for_model
     from .validation.requests import check_write_magnitude, measure_deployment
 
     dep_dict = load_deployment_file(path)
@@ -130,11 +130,11 @@ def _validate(path: str, model: str, dtype: str = "auto") -> str:
                      None)  # (from the instance: the torch_dtype property of newer transformers warns)
     name = dtype if dtype != "auto" else str(cfg_dtype or "float32").removeprefix("torch.")
     torch_dtype = getattr(torch, name, None)
-    if not isinstance(torch_dtype, torch.dtype):
-        raise XmixSpecError(f"--dtype {dtype}: not a torch dtype (float32, bfloat16, float16)")
+    if not isinstance(torch_dtype, torch.dtype) or not torch_dtype.is_floating_point:
+        raise XmixSpecError(f"--dtype {dtype}: not a floating-point torch dtype (float32, bfloat16, float16)")
     try:
         validate_for_model(dep, archs, cfg)
-        _check_family_dtype(dep, archs, text, torch_dtype)
+        check_family_dtype(dep, archs, text, torch_dtype)
         stand_in = SimpleNamespace(model_config=SimpleNamespace(dtype=torch_dtype, hf_config=cfg))
         info = measure_deployment(stand_in, dep)
         for ai, app in enumerate(dep.apps):

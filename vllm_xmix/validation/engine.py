@@ -43,7 +43,7 @@ def validate_engine_config(vllm_config) -> None:
     archs = list(getattr(mc, "architectures", None) or getattr(mc.hf_config, "architectures", []) or [])
     validate_for_model(dep, archs, mc.hf_config)
     text = text_config(mc.hf_config)
-    _check_family_dtype(dep, archs, text, getattr(mc, "dtype", None))
+    check_family_dtype(dep, archs, text, getattr(mc, "dtype", None))
 
     for ai, app in enumerate(dep.apps):
         check_write_magnitude(vllm_config, app.name, None, f"additional_config.xmix.apps.{ai}({app.name})", per_op=True)
@@ -161,9 +161,13 @@ def validate_for_model(dep, archs: list[str], hf_config) -> None:
         _check_router_layers(dep, adapter, archs[0], text)
 
 
-def _check_family_dtype(dep, archs: list[str], text, dtype) -> None:
+def check_family_dtype(dep, archs: list[str], text, dtype) -> None:
     """A family's own refusal of this model in this dtype (``DecoderAdapter.refuse``), with apps
-    deployed or reserved for apps added later."""
+    deployed or reserved for apps added later. ``text``: the model's text config; ``dtype``: the
+    torch dtype it is served in.
+
+    Raises:
+        XmixSpecError: naming the dtype, the architecture and the family's reason."""
     from ..adapters import SUPPORTED_ARCHITECTURES
 
     adapter = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
