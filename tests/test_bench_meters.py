@@ -303,6 +303,25 @@ def _steps_rows(tmp_path, name, rows, capacity=None):
     return w
 
 
+def test_step_summary_keeps_the_decode_steps_of_one_request_apart(tmp_path):
+    """The decode steps of a single request, a group of their own (``decode_one``): on an MoE
+    model the comparison that holds when an app changes the routing (one token reads its top-k
+    experts whichever they are; a batch reads as many as its tokens are routed to)."""
+    from benchmarks.xmix_bench import engine_steps
+
+    approx = pytest.approx
+    b = _steps_rows(tmp_path, 1, [(5.0, 5.001, 5.003, 5.004, 1, 1)])
+    meter = engine_steps.StepMeter(str(tmp_path))
+    for r in [(5.004, 5.0041, 5.011, 5.012, 1, 1),    # 1 request: 11 - max(4, 4) = 7 ms
+              (5.012, 5.0121, 5.021, 5.022, 4, 4),    # 4 requests: 9 ms, decode only
+              (5.022, 5.0221, 5.0295, 5.030, 1, 1)]:  # 1 request: 7.5 ms
+        b.append(*r)
+    one = meter.stop(requests=1)
+    assert one["decode"]["n"] == 3 and one["decode"]["period_ms_median"] == approx(7.5), one
+    assert one["decode_one"]["n"] == 2 and one["decode_one"]["period_ms_median"] == approx(7.25), one
+    assert "decode of 1 7.25 ms (n 2)" in engine_steps.summary(one)
+
+
 def test_step_summary_periods_groups_idle_gap_and_a_full_file(tmp_path):
     """The meter's summary of rows written with the recorder's own writer, periods computed by
     hand: a step scheduled before the previous one's output was processed (async scheduling)
@@ -336,10 +355,12 @@ def test_step_summary_periods_groups_idle_gap_and_a_full_file(tmp_path):
     assert (s["mixed_le512"]["n"], s["mixed_le512"]["period_ms_median"], s["mixed_le512"]["tokens_median"]) == (
         1, approx(8.0), 40.0)
     assert (s["mixed_gt512"]["n"], s["mixed_gt512"]["period_ms_median"]) == (1, approx(4.0))
-    assert engine_steps.summary(s) == "decode 5.10 ms (n 3), mixed<=512 8.00 ms (n 1), mixed>512 4.00 ms (n 1)"
+    assert s["decode_one"] == {"n": 0}, s  # (every decode step here has 2 or 3 requests)
+    assert engine_steps.summary(s) == ("decode 5.10 ms (n 3), decode of 1 - (n 0), mixed<=512 8.00 ms (n 1), "
+                                       "mixed>512 4.00 ms (n 1)")
     rows = engine_steps.table_rows({"vanilla": [s, {"error": "x"}], "steer_all": []})
-    assert rows[2] == "| vanilla | 5.100 | 3 | 8.000 | 1 | 4.000 | 1 | 0.500 | 1.000 |", rows
-    assert rows[3] == "| steer_all | - | - | - | - | - | - | - | - |", rows
+    assert rows[2] == "| vanilla | 5.100 | 3 | - | 0 | 8.000 | 1 | 4.000 | 1 | 0.500 | 1.000 |", rows
+    assert rows[3] == "| steer_all | - | - | - | - | - | - | - | - | - | - |", rows
 
     idle = engine_steps.StepMeter(str(tmp_path)).stop(requests=4)
     assert idle["error"].startswith("no engine steps recorded (no row added to 2 step file(s)"), idle

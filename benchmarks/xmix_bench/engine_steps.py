@@ -85,8 +85,11 @@ ROW = struct.Struct("<6d")
 _I64 = struct.Struct("<q")
 #: the largest token count of the ``mixed_le512`` group (vLLM's default CUDA-graph sizes end there)
 GRAPH_TOKENS = 512
-#: the step groups of a summary and their labels in the printed line
-GROUPS = {"decode": "decode", "mixed_le512": "mixed<=512", "mixed_gt512": "mixed>512"}
+#: the step groups of a summary and their labels in the printed line; ``decode_one``: the decode
+#: steps of a single request, a subset of ``decode`` and the comparison that holds on an MoE model
+#: when an app changes the routing (one token reads top-k experts whatever they are; a batch
+#: reads as many as its tokens are routed to)
+GROUPS = {"decode": "decode", "decode_one": "decode of 1", "mixed_le512": "mixed<=512", "mixed_gt512": "mixed>512"}
 
 
 def step_file(record_dir: str, pid: int | None = None) -> str:
@@ -250,7 +253,7 @@ def summarize(blocks: list[tuple[object, object]]) -> dict:
     ``previous`` the row before them (None: the file's first row is among them).
 
     Returns ``{"engines", "steps", "empty_steps", "tokens", "period_sum_ms", "window_s",
-    "schedule_ms_median", "update_ms_median", "decode", "mixed_le512", "mixed_gt512"}``: counts,
+    "schedule_ms_median", "update_ms_median", "decode", "decode_one", "mixed_le512", "mixed_gt512"}``: counts,
     the total tokens, the sum of the non-empty steps' periods (ms), the seconds from the first
     step's ``t0`` to the last one's ``t3``, the median host times of every non-empty step (ms),
     and per group ``{"n", "period_ms_median", "period_ms_p90", "period_ms_p99", "period_ms_mean",
@@ -292,7 +295,8 @@ def summarize(blocks: list[tuple[object, object]]) -> dict:
            "between_ms_sum": _ms(gap.sum())}
     decode = busy & (tokens == reqs)
     mixed = busy & (tokens > reqs)
-    sels = {"decode": decode, "mixed_le512": mixed & (tokens <= GRAPH_TOKENS), "mixed_gt512": mixed & (tokens > GRAPH_TOKENS)}
+    sels = {"decode": decode, "decode_one": decode & (reqs == 1), "mixed_le512": mixed & (tokens <= GRAPH_TOKENS),
+            "mixed_gt512": mixed & (tokens > GRAPH_TOKENS)}
     for name in GROUPS:
         sel = sels[name]
         n = int(sel.sum())
@@ -420,6 +424,7 @@ def summary(s: dict) -> str:
 
 #: summary.md's columns: (group or None for the totals, key, header)
 TABLE = [("decode", "period_ms_median", "decode period (ms)"), ("decode", "n", "decode n"),
+         ("decode_one", "period_ms_median", "decode of 1 request (ms)"), ("decode_one", "n", "decode of 1 n"),
          ("mixed_le512", "period_ms_median", "mixed <=512 period (ms)"), ("mixed_le512", "n", "mixed <=512 n"),
          ("mixed_gt512", "period_ms_median", "mixed >512 period (ms)"), ("mixed_gt512", "n", "mixed >512 n"),
          (None, "schedule_ms_median", "schedule (ms)"), (None, "update_ms_median", "update (ms)")]
