@@ -51,6 +51,21 @@ class _Stage:
         self.tok_np, self.rows_np, self.idx_np = self.tok.numpy(), self.rows.numpy(), self.idx.numpy()
         self.pos_np, self.plen_np, self.fc_np = self.pos.numpy(), self.plen.numpy(), self.fc.numpy()
 
+    def nbytes(self) -> int:
+        """The stage's bytes (pinned on a GPU)."""
+        return sum(t.nbytes for t in (self.tok, self.rows, self.idx, self.pos, self.plen, self.fc, self.prompts))
+
+
+def _new_stage(lay: DeviceLayout, pin: bool) -> _Stage:
+    """One stage of the staging ring, sized for ``lay`` (pinned host memory where ``pin``)."""
+    def buf(shape, dtype):
+        return torch.zeros(shape, dtype=dtype, device="cpu", pin_memory=pin)
+
+    return _Stage(tok=buf(lay.max_tokens, torch.int32), rows=buf((lay.max_slots, lay.coef.shape[1]), torch.float32),
+                  idx=buf(lay.max_slots, torch.int64), pos=buf(lay.max_tokens, torch.int32),
+                  plen=buf(lay.max_slots, torch.int32), fc=buf(lay.tok_fc.shape, torch.float32),
+                  prompts=buf(lay.max_tokens if lay.conditions.has_token_cond else 1, torch.int32))
+
 
 class StepFill:
     """Fills the layout's per-step tables from the scheduler's batch (see the module docstring).
@@ -64,22 +79,9 @@ class StepFill:
         self.layout, self.slots, self.variants, self.reads = layout, slots, variants, reads
         lay = layout
         pin = lay.device.type == "cuda"
-        stage_bytes = 4 * (2 * lay.max_tokens + lay.max_slots * (lay.coef.shape[1] + 3) + lay.tok_fc.numel()
-                           + (lay.max_tokens if layout.conditions.has_token_cond else 1))
-        n_stages = RING if RING * stage_bytes <= RING_BYTES else RING_MIN
-        self._ring = [
-            _Stage(
-                tok=torch.zeros(lay.max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
-                rows=torch.zeros(lay.max_slots, lay.coef.shape[1], dtype=torch.float32, device="cpu", pin_memory=pin),
-                idx=torch.zeros(lay.max_slots, dtype=torch.int64, device="cpu", pin_memory=pin),
-                pos=torch.zeros(lay.max_tokens, dtype=torch.int32, device="cpu", pin_memory=pin),
-                plen=torch.zeros(lay.max_slots, dtype=torch.int32, device="cpu", pin_memory=pin),
-                fc=torch.zeros(lay.tok_fc.shape, dtype=torch.float32, device="cpu", pin_memory=pin),
-                prompts=torch.zeros(lay.max_tokens if layout.conditions.has_token_cond else 1, dtype=torch.int32,
-                                    device="cpu", pin_memory=pin),
-            )
-            for _ in range(n_stages)
-        ]
+        first = _new_stage(lay, pin)
+        n_stages = RING if RING * first.nbytes() <= RING_BYTES else RING_MIN
+        self._ring = [first] + [_new_stage(lay, pin) for _ in range(n_stages - 1)]
         self._ring_pos = 0
         self._cuda = pin
         #: recorded after the uploads of a lap's last stage, queried when the next lap starts (an
