@@ -20,6 +20,8 @@
 # SAT_APPS (default: every app, all_apps and steer_all_K256): the configurations of the
 # saturation steps (apps off always runs, last).
 # CONTROL=0: no A/A control server on a large card either (two servers at 0.42: a shorter start).
+# CONTROL=force: the A/A control on any card, three servers at 0.3 (on an 80 GB card for the
+# rate-16 steps only: three at 0.3 held rate 16 there, fc7d26a, and ran out at saturation).
 # ROUNDS (default 2): interleaved rounds of the rate-16 and saturation steps (a P99 line rests on
 # ~30-40 gaps a run: `itl-tail`; more rounds resolve it).
 # RECORD_STEPS=1: the servers record every engine step they run (`serve start --record-steps`:
@@ -59,7 +61,7 @@ SOPTS=""; [ "${RECORD_STEPS:-0}" = 1 ] && SOPTS="--record-steps"
 [ "${PIN_CPUS:-0}" = 1 ] && SOPTS="$SOPTS --pin-cpus"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 [ -f .gpu/bin/py-spy ] && chmod +x .gpu/bin/py-spy && export XMIX_PY_SPY=${XMIX_PY_SPY:-$PWD/.gpu/bin/py-spy}
-if [ "${MIB:-0}" -gt 100000 ] && [ "${CONTROL:-1}" = 1 ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0.3; else LMEM=0.42; AA=""; QMEM=0.42; fi
+if { [ "${MIB:-0}" -gt 100000 ] && [ "${CONTROL:-1}" = 1 ]; } || [ "${CONTROL:-1}" = force ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0.3; else LMEM=0.42; AA=""; QMEM=0.42; fi
 
 # one model's servers and steps: model TAG (L/Q: markers TAGUP TAGR16 TAGSAT, logs tag*.log),
 # its config folder, the serving folder's name, --gpu-mem (and server options), configurations
