@@ -103,6 +103,42 @@ def test_the_served_config_keeps_a_router_mask_and_every_float(tmp_path, neg_inf
     assert args.additional_config["xmix"] == dep
 
 
+def test_yaml_keys_and_names_spelled_like_yaml_1_1_booleans_read_as_written(tmp_path):
+    """A trigger's ``on:`` key (what ``deploy()`` writes for ``read(...).on(...)``) and an app
+    named ``on`` read as strings, YAML 1.2's way (YAML 1.1, which PyYAML follows, reads ``on``,
+    ``off``, ``yes`` and ``no`` as booleans, and the trigger was refused as "Keys should be
+    strings"): the file gives the deployment the builder gives, and vLLM reads the served config
+    back with the key intact."""
+    import numpy as np
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from vllm_xmix import MIApp, deploy
+    from vllm_xmix.spec import parse_deployment
+
+    (tmp_path / "guard.yaml").write_text(
+        "apps:\n"
+        "  - name: on\n"
+        "    ops:\n"
+        "      - {primitive: read, kind: linear_probe, hook: hook_resid_post, layers: [1],\n"
+        "         weight: [1.0, 0.5], bias: 0.0, sigmoid: true, on: {op: '>', threshold: 0.9, action: stop}}\n"
+        "  - name: off\n"
+        "    ops:\n"
+        "      - {primitive: write, kind: add, hook: hook_resid_post, layers: [1], vector: [0.25, 0.125]}\n")
+    got = cli.load_deployment_file(str(tmp_path / "guard.yaml"))
+    guard = MIApp("on")
+    guard.read("linear_probe", weight=np.array([1.0, 0.5], np.float32), bias=0.0, sigmoid=True).layers([1]).on(
+        ">", 0.9, action="stop")
+    off = MIApp("off")
+    off.write("add", vector=np.array([0.25, 0.125], np.float32)).layers([1])
+    want = parse_deployment(deploy(guard, off)["xmix"]).model_dump(mode="json", exclude_none=True)
+    assert got == want
+    path = str(tmp_path / "served.yaml")
+    cli.write_vllm_config(path, {"xmix": got})
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(["--model", "m", "--config", path])
+    assert args.additional_config["xmix"] == got
+
+
 def test_apps_validate_checks_against_the_model_config(tiny_llama, tmp_path, capsys):
     path = write_deployment(tmp_path)
     assert cli.main(["apps", "validate", path, "--model", tiny_llama]) == 0

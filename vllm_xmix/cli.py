@@ -39,13 +39,21 @@ def _yaml_load(f):
     PyYAML follows, needs ``1.0e+3``), and infinity written ``-inf`` or ``-Infinity`` (Python's
     and JSON's spelling; YAML's is ``-.inf``) and ``nan`` / ``NaN`` read as floats too, not as
     strings: a router mask (``router_bias`` with ``-inf`` entries) reads as written, and a NaN
-    is refused as a NaN, naming its entry. Raises ValueError for text that
-    does not parse."""
+    is refused as a NaN, naming its entry. Booleans are YAML 1.2's (JSON's): only
+    ``true`` / ``false`` (also ``True``, ``TRUE``, ``False``, ``FALSE``); YAML 1.1's ``on``, ``off``, ``yes``,
+    ``no`` stay strings, so a trigger's ``on:`` key (what ``deploy()`` writes for
+    ``read(...).on(...)``) and an app named ``on`` read as written. Raises ValueError for text
+    that does not parse."""
     import yaml
 
     class Loader(yaml.SafeLoader):
         pass
 
+    bool_tag = "tag:yaml.org,2002:bool"
+    Loader.yaml_implicit_resolvers = {  # (a copy: SafeLoader's own table is left as it is)
+        first: [(tag, rx) for tag, rx in resolvers if tag != bool_tag]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    Loader.add_implicit_resolver(bool_tag, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
     Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
         re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
