@@ -95,6 +95,13 @@ def test_bad_selection_is_http_400_and_the_server_keeps_serving(server, hf):
         status, resp = complete(url, model, extra.pop("prompt", PROMPTS[0]), xargs, **extra)
         assert status == 400, (xargs, extra, status, resp)
         assert msg in json.dumps(resp), (msg, resp)
+    # a selection nested deeper than the JSON parsers go is a 400 as plain vLLM answers it, not a
+    # 500 from the plugin's route guard (msgspec raises RecursionError there, not a ValueError)
+    deep = b'{"model":"%s","prompt":"p","max_tokens":2,"mi_apps":%s1%s}' % (model.encode(), b"[" * 5000, b"]" * 5000)
+    req = urllib.request.Request(url + "/v1/completions", data=deep, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=120)
+    assert err.value.code == 400, (err.value.code, err.value.read()[:300])
     status, resp = complete(url, model, PROMPTS[0], {"xmix": ["happy"]})
     assert status == 200 and tokens(resp) == hf.greedy(PROMPTS[0], N, app_deltas([{"name": "happy"}]))
 

@@ -225,7 +225,7 @@ def parse_json(text: str | bytes):
     number beyond float range), or None if neither parses it."""
     try:
         return _DECODE.decode(text)
-    except ValueError:  # (msgspec.DecodeError is one; also its depth limit)
+    except (ValueError, RecursionError):  # (msgspec.DecodeError is one; nesting deeper than it goes: RecursionError)
         try:
             return json.loads(text)
         except (ValueError, RecursionError):
