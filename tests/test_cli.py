@@ -217,6 +217,8 @@ def test_serve_with_a_deployment_file(tiny_llama, tmp_path, hf):
     text = log.read_text()
     assert "'shutdown_timeout': 10" in text, "the default grace period did not reach vLLM"
     assert "leaked shared_memory" not in text and "leaked semaphore" not in text, text[-3000:]
+    # the model goes to vLLM as `vllm serve MODEL` does, not as the --model it warns about
+    assert "provide the model as a positional argument" not in text, text[-3000:]
 
 
 def test_serve_passes_api_server_count_to_vllm(tiny_llama, tmp_path, hf):

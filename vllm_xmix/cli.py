@@ -207,7 +207,7 @@ def _serve(model: str, apps: str, rest: list[str], admin_key: str | None = None)
           f"(vLLM --config {cfg_path})", flush=True)
     from ._vllm_compat.cli_serve import run_vllm_serve
 
-    run_vllm_serve(["--model", model, "--config", cfg_path] + rest)  # as `vllm serve` (--api-server-count, ...)
+    run_vllm_serve([model, "--config", cfg_path] + rest)  # as `vllm serve MODEL` (--api-server-count, ...)
     return 0
 
 

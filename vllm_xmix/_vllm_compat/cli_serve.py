@@ -9,7 +9,9 @@ from __future__ import annotations
 
 
 def run_vllm_serve(argv: list[str], prog: str = "vllm-xmix") -> None:
-    """Run vLLM's OpenAI server with ``argv`` (``vllm serve``'s options, ``--model`` included):
+    """Run vLLM's OpenAI server with ``argv`` (``vllm serve``'s arguments: the model first, as
+    its positional ``model_tag``, then options; ``--model`` works too, with vLLM's warning that
+    it is deprecated there):
     the ``serve`` subcommand's own parser, check and command, as vLLM's CLI runs them (their
     modules moved between vLLM versions; the subcommand's methods did not). Returns when the
     server stops.
