@@ -145,6 +145,13 @@ def test_apps_validate_checks_against_the_model_config(tiny_llama, tmp_path, cap
     out = capsys.readouterr().out
     assert "valid for" in out and "happy" in out and "content hash" in out
     assert "write add at blocks.{1,2}.hook_resid_post" in out
+    # a read's trigger is listed with it
+    w = ", ".join(["0.01"] * len(V_HAPPY))
+    with open(path, "a") as f:
+        f.write("  - name: guard\n    ops:\n      - {primitive: read, kind: linear_probe, hook: hook_resid_post, "
+                f"layers: [2], weight: [{w}], sigmoid: true, on: {{op: '>', threshold: 0.9, action: stop}}}}\n")
+    assert cli.main(["apps", "validate", path, "--model", tiny_llama]) == 0
+    assert "read linear_probe at blocks.{2}.hook_resid_post on > 0.9 -> stop" in capsys.readouterr().out
     # errors name the file and the field; exit status 2
     bad = tmp_path / "bad"
     bad.mkdir()

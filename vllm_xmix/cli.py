@@ -157,7 +157,9 @@ def _validate(path: str, model: str, dtype: str = "auto") -> str:
         for op in app.ops:
             layers = op.layers if isinstance(op.layers, str) else ",".join(map(str, op.layers))
             cond = " if " + json.dumps(op.cond.model_dump(mode="json", exclude_none=True)) if getattr(op, "cond", None) else ""
-            lines.append(f"    {op.primitive} {op.kind} at blocks.{{{layers}}}.{op.hook}{cond}")
+            on = getattr(op, "on", None)  # a read's trigger (read(...).on(...))
+            trig = f" on {on.op} {on.threshold:g} -> {on.action}" if on is not None else ""
+            lines.append(f"    {op.primitive} {op.kind} at blocks.{{{layers}}}.{op.hook}{cond}{trig}")
     if dep.reserve is not None:
         lines.append(f"  reserve: {json.dumps(dep.reserve.model_dump(mode='json', exclude_none=True))}")
     return "\n".join(lines)
