@@ -284,7 +284,7 @@ def test_refusals_are_4xx_naming_the_field_and_the_server_serves_on(server, hf):
 
     # no capacity left: newapp holds the only reserved add at layer 0
     st, resp = call(url, "/v1/mi/apps", app_json("full", [{**NEW_OPS[0], "layers": [0]}]))
-    assert st == 507 and "reserved 'add' entries at blocks.0.hook_resid_post are in use" in resp["error"]["message"], resp
+    assert st == 507 and "the one reserved 'add' entry at blocks.0.hook_resid_post is in use" in resp["error"]["message"], resp
     # a safetensors vector is accepted; the added app runs
     st, resp = call(url, "/v1/mi/apps", app_json("st", [{**NEW_OPS[0], "layers": [1],
                                                         "vector": {"safetensors": _safetensors_b64(V_NEW)}}]))

@@ -189,8 +189,9 @@ class AppUpdates:
                     owners = {lay.owner[e] for e in pool} - {None}
                     held = sorted(f"{a!r} version {v}" for a, v in owners)
                     replacing = not added and any(a == app.name for a, _ in owners)
-                    raise UpdateError(507, f"body.ops.{oi}: all {len(pool)} reserved {kind!r} entries at "
-                                           f"blocks.{L}.{op.hook} are in use, held by {', '.join(held) or 'entries taken above'}"
+                    what = (f"the one reserved {kind!r} entry at blocks.{L}.{op.hook} is" if len(pool) == 1 else
+                            f"all {len(pool)} reserved {kind!r} entries at blocks.{L}.{op.hook} are")
+                    raise UpdateError(507, f"body.ops.{oi}: {what} in use, held by {', '.join(held) or 'entries taken above'}"
                                            " (an app's version, or one that requests in flight still run)"
                                            + ("; a replace puts the new version into free entries while the "
                                               "current one keeps its own until no request runs it: reserve "
