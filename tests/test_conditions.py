@@ -264,7 +264,7 @@ def test_condition_errors(tiny_llama):
         deploy(app(tokens=[1], buffer="b", threshold=0.0))
     with pytest.raises(XmixSpecError, match=r"threshold: a buffer condition needs a threshold"):
         deploy(app(buffer="b"))
-    with pytest.raises(XmixSpecError, match=r"no read of this app writes buffer 'zz'"):
+    with pytest.raises(XmixSpecError, match=r"app 'c'\.ops\.1\.cond\.buffer: no read of this app writes buffer 'zz'"):
         deploy(app(buffer="zz", threshold=0.0))
     with pytest.raises(XmixSpecError, match=r"op"):
         deploy(app(buffer="b", op="!=", threshold=0.0))

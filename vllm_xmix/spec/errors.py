@@ -7,6 +7,7 @@ whose message starts with the offending field, e.g. ``app 'happy'.ops.0.scale: .
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -18,9 +19,15 @@ class XmixSpecError(ValueError):
     """A bad app spec or request: the message names the offending field."""
 
 
+#: the start of a message, raised by a validator of a list field, that names the item and the
+#: field it is about ("1.cond.buffer: ..."): part of the location, not of the message
+_SUB_LOC = re.compile(r"(\d+(?:\.[A-Za-z_]\w*)+): ")
+
+
 def _fmt_validation_error(prefix: str, e: ValidationError) -> str:
     """One line per pydantic error, ``{prefix}.{loc}: {msg}``, joined with ``"; "``; the
-    discriminated union's ``write``/``read`` tag is dropped from the location."""
+    discriminated union's ``write``/``read`` tag is dropped from the location, and a list
+    validator's item path at the start of its message joins it (``apps.0.ops.1.cond.buffer``)."""
     parts = []
     for err in e.errors():
         raw = list(err.get("loc", ()))
@@ -29,6 +36,9 @@ def _fmt_validation_error(prefix: str, e: ValidationError) -> str:
         loc = ".".join(str(x) for x in raw)
         msg = err.get("msg", "")
         msg = msg.removeprefix("Value error, ")
+        sub = _SUB_LOC.match(msg)  # a list validator's message that names an item's field ("1.cond.buffer: ...")
+        if sub:
+            loc, msg = f"{loc}.{sub.group(1)}" if loc else sub.group(1), msg[sub.end():]
         got = repr(err.get("input"))
         if err.get("type", "").endswith(("literal_error", "_type", "_parsing", "enum")) and len(got) <= 60:
             msg += f" (got {got})"  # which value: e.g. "ALL" where 'all' was meant
