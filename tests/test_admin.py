@@ -248,7 +248,8 @@ def test_refusals_are_4xx_naming_the_field_and_the_server_serves_on(server, hf):
         ("/v1/mi/apps/happy", good, None, 401, "missing key"),
         ("/v1/mi/apps/happy", good, "wrong", 401, "wrong key"),
         ("/v1/mi/apps", app_json("x", NEW_OPS), None, 401, "missing key"),
-        ("/v1/mi/apps/happy", b"not json", KEY, 400, "expected a JSON object"),
+        ("/v1/mi/apps/happy", b"not json", KEY, 400, "body: not valid JSON (Expecting value at line 1 column 1)"),
+        ("/v1/mi/apps/happy", b'{"ops": [}', KEY, 400, "body: not valid JSON (Expecting value at line 1 column 10)"),
         ("/v1/mi/apps/happy", pickle.dumps({"ops": happy_ops(V_HAPPY)}), KEY, 400, "no pickles"),
         ("/v1/mi/apps/happy", {"ops": [{**happy_ops(V_HAPPY)[0], "vector": {"safetensors": base64.b64encode(
             pickle.dumps(V_HAPPY)).decode()}}]}, KEY, 400, "body.ops.0.vector.safetensors: not a safetensors file"),

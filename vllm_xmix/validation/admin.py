@@ -110,7 +110,14 @@ def parse_body(raw: bytes) -> dict:
                               "as base64 or safetensors are ~4 bytes a value: change fewer apps per call)")
     try:
         body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+    except UnicodeDecodeError as e:
+        raise AdminError(400, f"body: not UTF-8 text (byte {e.start}); expected a JSON object (an app: "
+                              "{\"name\", \"ops\": [...]}, vectors inline); nothing else (no pickles) is read") from None
+    except json.JSONDecodeError as e:
+        raise AdminError(400, f"body: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); expected a JSON "
+                              "object (an app: {\"name\", \"ops\": [...]}, vectors inline); nothing else (no "
+                              "pickles) is read") from None
+    except (ValueError, RecursionError):
         raise AdminError(400, "body: expected a JSON object (an app: {\"name\", \"ops\": [...]}, vectors inline); "
                               "nothing else (no pickles) is read") from None
     if not isinstance(body, dict):
