@@ -117,7 +117,8 @@ def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
         # start that failed with "Address already in use" starts again on other ports (three tries)
         for attempt in range(3):
             cmd = [sys.executable, "-m", "benchmarks.xmix_bench", "serve", "start", "--out", out, "--model", model,
-                   "--latest", latest, "--control", "--record-steps", "--profile-api", "--dtype", "float32",
+                   "--latest", latest, "--control", "--alt-variants", "onoff", "--record-steps", "--profile-api",
+                   "--dtype", "float32",
                    "--max-model-len", "512", "--port", str(_free_ports(5)),
                    "--server-args", "--enforce-eager --max-num-seqs 8 --max-num-batched-tokens 512"]
             r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -126,7 +127,9 @@ def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
             logs = "".join(open(os.path.join(out, f)).read() for f in os.listdir(out) if f.endswith(".log"))
             assert "Address already in use" in logs and attempt < 2, f"start: exit {r.returncode}\n{r.stderr[-5000:]}"
         st = json.load(open(os.path.join(out, "servers.json")))
-        assert set(st["servers"]) == {"vanilla", "xmix", "control"}, st["servers"]
+        # (the alternative server: the same deployment under another graph-variant policy, serve_lines.sh ALT)
+        assert set(st["servers"]) == {"vanilla", "xmix", "control", "alt"}, st["servers"]
+        assert st["alt_variants"] == {"mode": "onoff", "env": {"VLLM_XMIX_GRAPH_VARIANTS": "onoff"}}, st
         assert all(s["startup_s"] > 0 for s in st["servers"].values()), st["servers"]
         # each server compiled into caches of its own, first start in this folder: cold
         assert all(s["compile_cache"] == "cold" for s in st["servers"].values()), st["servers"]
@@ -135,9 +138,10 @@ def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
         # the plan's rate step: a request rate, the A/A control and three configurations
         bench("rounds", "--latest", latest, "--rates", "16", "--num-prompts", "6", "--warmup", "0", "--repeats", "1",
               "--dataset", "random", "--input-len", "24", "--range-ratio", "0.5", "--output-len", "8",
-              "--configs", "aa_plain,inactive,steer_all,probe_one")
+              "--configs", "aa_plain,inactive,steer_all,probe_one,alt_steer_all")
         runs = json.load(open(os.path.join(out, "results.json")))
-        assert sorted(r["config"] for r in runs) == ["aa_plain", "inactive", "probe_one", "steer_all", "vanilla"]
+        assert sorted(r["config"] for r in runs) == ["aa_plain", "alt_steer_all", "inactive", "probe_one", "steer_all",
+                                                     "vanilla"]
         # (the random dataset draws output lengths 8 +-50% too, the same for every configuration:
         # with ignore_eos each run gives exactly those tokens)
         assert len({r["output_tokens"] for r in runs}) == 1 and 6 * 4 <= runs[0]["output_tokens"] <= 6 * 12, runs
@@ -148,7 +152,7 @@ def test_the_plans_serving_commands_run_against_cpu_servers(tmp_path):
             rows = np.concatenate([saved[f"e{i}"] for i in range(len(saved["files"]))])
             assert len(rows) == r["engine_steps"]["steps"] and rows[:, 4].sum() == r["engine_steps"]["tokens"], r
         lines = json.load(open(latest))["models"]["cfg"]
-        assert set(lines["serve"]) == {"inactive", "steer_all", "probe_one"}, lines["serve"].keys()
+        assert set(lines["serve"]) == {"inactive", "steer_all", "probe_one"}, lines["serve"].keys()  # (no alt_ line)
         assert set(lines["calibration"]) == {"aa_plain"}  # the A/A line: no budget line of its own
         assert lines["startup"]["plain_s"] > 0 and lines["startup"]["xmix_s"] > 0, lines["startup"]
         assert lines["startup"]["caches"] == {"plain": "cold", "xmix": "cold"}, lines["startup"]

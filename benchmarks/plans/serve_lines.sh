@@ -22,6 +22,11 @@
 # CONTROL=0: no A/A control server on a large card either (two servers at 0.42: a shorter start).
 # CONTROL=force: the A/A control on any card, three servers at 0.3 (on an 80 GB card for the
 # rate-16 steps only: three at 0.3 held rate 16 there, fc7d26a, and ran out at saturation).
+# ALT=onoff|pieces|none: one more plugin server with that CUDA-graph variant policy (`serve start
+# --alt-variants`: its start-up and graph memory in servers.json; its configurations alt_inactive,
+# alt_<app> in summary.md only, never latest.json); name them in R16_APPS / SAT_APPS (e.g.
+# R16_APPS=steer_one,alt_steer_one,steer_all,alt_steer_all). Memory share 0.3 a server with three,
+# 0.22 with four (ALT and the control: a card of more than 100 GB).
 # ROUNDS (default 2): interleaved rounds of the rate-16 and saturation steps (a P99 line rests on
 # ~30-40 gaps a run: `itl-tail`; more rounds resolve it).
 # RECORD_STEPS=1: the servers record every engine step they run (`serve start --record-steps`:
@@ -62,6 +67,10 @@ SOPTS=""; [ "${RECORD_STEPS:-0}" = 1 ] && SOPTS="--record-steps"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 [ -f .gpu/bin/py-spy ] && chmod +x .gpu/bin/py-spy && export XMIX_PY_SPY=${XMIX_PY_SPY:-$PWD/.gpu/bin/py-spy}
 if { [ "${MIB:-0}" -gt 100000 ] && [ "${CONTROL:-1}" = 1 ]; } || [ "${CONTROL:-1}" = force ]; then LMEM="0.3 --control"; AA="aa_plain,"; QMEM=0.3; else LMEM=0.42; AA=""; QMEM=0.42; fi
+if [ -n "${ALT:-}" ]; then  # one more server: smaller shares
+  SOPTS="$SOPTS --alt-variants $ALT"
+  if [ -n "$AA" ]; then LMEM="0.22 --control"; QMEM=0.22; else LMEM=0.3; QMEM=0.3; fi
+fi
 
 # one model's servers and steps: model TAG (L/Q: markers TAGUP TAGR16 TAGSAT, logs tag*.log),
 # its config folder, the serving folder's name, --gpu-mem (and server options), configurations
