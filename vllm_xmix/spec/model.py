@@ -23,7 +23,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 
 from .names import (CAPTURE_POSITIONS, KNOWN_READ_KINDS, KNOWN_WRITE_KINDS, ROUTER_HOOK, SUPPORTED_HOOKS,
                     SUPPORTED_WRITE_KINDS, _hook_name)
-from .vector_files import load_vector
+from .vector_files import load_vector, non_finite_entry
 
 #: the float32 limits: vectors, scales, clamp targets and probe biases are applied in float32
 _F32 = np.finfo(np.float32)
@@ -93,8 +93,7 @@ def _number_list(v, *, neg_inf: bool):
         vals = [x if isinstance(x, float) else _finite_number(x) for x in v]
         bad = next((i for i, x in enumerate(vals) if math.isnan(x) or x == math.inf), None)
         if bad is not None:
-            raise ValueError(f"entry {bad} is {vals[bad]}: of the non-finite values only -inf is allowed "
-                             "(a router_bias mask), never NaN or +inf")
+            raise ValueError(non_finite_entry(bad, vals[bad], allow_neg_inf=True))
     with np.errstate(over="ignore"):  # (an entry beyond float32's range is refused by name later)
         any_f32 = np.asarray(vals, dtype=np.float32).any()
     if any(vals) and not any_f32:  # (zeros as given are the caller's choice)

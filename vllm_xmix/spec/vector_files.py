@@ -125,7 +125,13 @@ def load_vector(ref, field: str, allow_neg_inf: bool = False) -> np.ndarray:
         bad &= ~np.isneginf(arr)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise XmixSpecError(f"{field}: entry {i} is {float(arr[i])}: "
-                            + ("of the non-finite values only -inf is allowed (a router_bias mask), never NaN or +inf"
-                               if allow_neg_inf else "NaN and inf are not allowed (-inf only in router_bias masks)"))
+        raise XmixSpecError(f"{field}: {non_finite_entry(i, float(arr[i]), allow_neg_inf)}")
     return arr
+
+
+def non_finite_entry(i: int, x: float, allow_neg_inf: bool) -> str:
+    """The refusal of vector entry ``i``, the non-finite value ``x`` (inline vectors and vector
+    files alike): ``allow_neg_inf`` where the vector may be a router_bias mask."""
+    return f"entry {i} is {x}: " + ("of the non-finite values only -inf is allowed (a router_bias mask), never NaN "
+                                    "or +inf" if allow_neg_inf else "NaN and inf are not allowed (-inf only in "
+                                    "router_bias masks)")

@@ -108,18 +108,15 @@ def parse_body(raw: bytes) -> dict:
     if len(raw) > MAX_BODY_BYTES:
         raise AdminError(413, f"body: {len(raw)} bytes; an app change takes at most {MAX_BODY_BYTES} (vectors inline "
                               "as base64 or safetensors are ~4 bytes a value: change fewer apps per call)")
+    expected = 'expected a JSON object (an app: {"name", "ops": [...]}, vectors inline); nothing else (no pickles) is read'
     try:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise AdminError(400, f"body: not UTF-8 text (byte {e.start}); expected a JSON object (an app: "
-                              "{\"name\", \"ops\": [...]}, vectors inline); nothing else (no pickles) is read") from None
+        raise AdminError(400, f"body: not UTF-8 text (byte {e.start}); {expected}") from None
     except json.JSONDecodeError as e:
-        raise AdminError(400, f"body: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); expected a JSON "
-                              "object (an app: {\"name\", \"ops\": [...]}, vectors inline); nothing else (no "
-                              "pickles) is read") from None
+        raise AdminError(400, f"body: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); {expected}") from None
     except (ValueError, RecursionError):
-        raise AdminError(400, "body: expected a JSON object (an app: {\"name\", \"ops\": [...]}, vectors inline); "
-                              "nothing else (no pickles) is read") from None
+        raise AdminError(400, f"body: {expected}") from None
     if not isinstance(body, dict):
         raise AdminError(400, f"body: expected a JSON object, got {type(body).__name__}")
     return body
