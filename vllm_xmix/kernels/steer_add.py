@@ -64,16 +64,19 @@ if HAS_TRITON:
         entry that is off adds nothing, even where its vector is -inf). Shared by this kernel and
         the add + RMSNorm kernel (kernels/add_rms_norm.py), so both add alike."""
         acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        nz = tl.zeros([BLOCK_D], dtype=tl.int32)
+        nz = tl.full([], 0, tl.int32)
         for i in range(n_entries):
             e = tl.load(entries_ptr + i).to(tl.int64)
             # the vector's load does not wait for the coefficient's (it depends on the entry only):
             # two dependent global loads per token, not three (a decode step is latency-bound)
-            v = tl.load(vec_ptr + e * stride_vec + offs, mask=m, other=0.0).to(tl.float32)
-            c = tl.zeros([BLOCK_D], dtype=tl.float32) + tl.load(coef_ptr + slot * stride_coef + e)
-            on = c != 0.0
-            acc += tl.where(on, c * v, 0.0)
-            nz += on.to(tl.int32)
+            v = tl.load(vec_ptr + e * stride_vec + offs, mask=m, other=0.0)
+            c = tl.load(coef_ptr + slot * stride_coef + e)
+            # a branch on the token's coefficient (the same for the whole program), not a select:
+            # an entry that is off adds nothing, even where its vector is -inf, and costs no
+            # arithmetic over the row (as the row kernel's entries, kernels/row_write.py)
+            if c != 0.0:
+                acc += c * v.to(tl.float32)
+                nz += 1
         return acc, nz
 
     @triton.jit(do_not_specialize=["n_entries"])
