@@ -224,14 +224,15 @@ def test_merge_and_serving_runs_update_latest(tmp_path):
     assert alt["steer_all"] == ("xmix", ["steer_all"]) and "alt_all_apps" not in alt
     assert not any(c.startswith("alt_") for c in serve_configs.configs_for(["steer_all"]))
     assert serve_configs.ALT_VARIANTS["onoff"] == {"VLLM_XMIX_GRAPH_VARIANTS": "onoff"}
-    from vllm_xmix.runtime.variants import graph_variant_settings, piecewise_variant_setting
+    from vllm_xmix.runtime.variants import app_capture_size_setting, graph_variant_settings, piecewise_variant_setting
 
     for mode, env in serve_configs.ALT_VARIANTS.items():  # each mode's environment is one the runtime takes
         with pytest.MonkeyPatch.context() as mp:
             for k, v in env.items():
                 mp.setenv(k, v)
-            assert (graph_variant_settings()[0], piecewise_variant_setting()) == {
-                "onoff": ("onoff", "apps"), "pieces": ("apps", "onoff"), "none": ("0", "apps")}[mode]
+            assert (graph_variant_settings()[0], piecewise_variant_setting(), app_capture_size_setting()) == {
+                "onoff": ("onoff", "apps", None), "pieces": ("apps", "onoff", None), "pieces64": ("apps", "onoff", 64),
+                "none": ("0", "apps", None)}[mode]
     with pytest.raises(SystemExit):
         main(["serve", "start", "--out", str(tmp_path / "x"), "--model", "m", "--alt-variants", "onof"])
     # rounds run A B C, C B A, ... (abba) so that a run's position in its round cancels over pairs

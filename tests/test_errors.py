@@ -273,6 +273,10 @@ def test_bad_graph_variant_setting_is_refused_at_engine_start(tiny_llama, monkey
     monkeypatch.setenv("VLLM_XMIX_PIECEWISE_VARIANTS", "full")
     with pytest.raises(ValueError, match=r"VLLM_XMIX_PIECEWISE_VARIANTS='full': expected 'apps' \(the default\) or 'onoff'"):
         make_llm(tiny_llama, "eager", additional_config=deploy(_app()))
+    monkeypatch.delenv("VLLM_XMIX_PIECEWISE_VARIANTS")
+    monkeypatch.setenv("VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE", "64 tokens")
+    with pytest.raises(ValueError, match=r"VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE='64 tokens': expected an integer >= 1"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(_app()))
 
 
 def test_overflowing_deployed_scale_is_refused(tiny_llama):

@@ -3,6 +3,7 @@ scheduler outputs shaped like vLLM's (the engine-level behaviour is in test_cond
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace as NS
 
 import numpy as np
@@ -449,6 +450,52 @@ def test_piecewise_variants_onoff(monkeypatch):
     monkeypatch.setenv("VLLM_XMIX_PIECEWISE_VARIANTS", "some")
     with pytest.raises(ValueError, match="VLLM_XMIX_PIECEWISE_VARIANTS='some': expected 'apps' \\(the default\\) or 'onoff'"):
         multi_state()
+
+
+def test_per_app_variants_capped_in_full_graph_size(monkeypatch):
+    """VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE: a per-app variant's FULL graphs stop at that
+    size; a step that replays a larger FULL graph with an app on is given the every-site variant
+    (its tables filled for it: the SEAL-style app's token positions), one at or below the size, or
+    a step without a FULL graph, keeps its app's variant; the app-free and every-site variants
+    keep every size; a bad value names the variable."""
+    st = multi_state(fused_mode=True, fused_writes="none")
+    per_app = st.graph_variants()
+    assert st.variants.app_capture_size is None and all(st.variants.captures_full(m, 512) for m in per_app)
+    monkeypatch.setenv("VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE", "8")
+    st = multi_state(fused_mode=True, fused_writes="none")
+    assert st.graph_variants() == per_app  # the same variants, fewer graphs in each per-app one
+    gv = st.variants
+    assert [m for m in per_app if gv.captures_full(m, 9)] == [0, st.all_mask]
+    assert all(gv.captures_full(m, 8) for m in per_app)
+    pos = st.conditions.tok_pos
+
+    def fill(ids, n, full):
+        st.fill(ids, np.array(n), full_tokens=full)
+        return st.run_mask
+
+    so = NS(finished_req_ids=set(), preempted_req_ids=set(), scheduled_new_reqs=[req("a", "probe")],
+            scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[]))
+    st.update_requests(so)
+    probe_mask = fill(["a"], [3], None)  # a step without a FULL graph (piecewise or eager)
+    assert probe_mask not in (0, st.all_mask)
+    assert fill(["a"], [1], 8) == probe_mask  # its FULL graph of 8 tokens was captured
+    pos.fill_(-7)
+    assert fill(["a"], [1], 16) == st.all_mask  # 16: not captured for the probe's variant
+    assert gv.needs_positions()  # the every-site variant's tables: positions written for its gates
+    assert pos[0].item() == 0  # (written: -7 before)
+    so = NS(finished_req_ids={"a"}, preempted_req_ids=set(), scheduled_new_reqs=[req("b", "steer_all")],
+            scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[]))
+    st.update_requests(so)
+    assert fill(["b"], [1], 16) == st.all_mask
+    so = NS(finished_req_ids={"b"}, preempted_req_ids=set(), scheduled_new_reqs=[req("c")],
+            scheduled_cached_reqs=NS(req_ids=[], num_computed_tokens=[]))
+    st.update_requests(so)
+    assert fill(["c"], [1], 512) == 0  # apps off: the app-free graphs, whatever the size
+    for bad in ("0", "-4", "8.5", "many"):
+        monkeypatch.setenv("VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE", bad)
+        with pytest.raises(ValueError, match=f"VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE='{re.escape(bad)}': "
+                                             "expected an integer >= 1"):
+            multi_state()
 
 
 def test_token_history_of_new_slots_is_staged_whatever_the_prompt_lengths():

@@ -22,7 +22,7 @@
 # CONTROL=0: no A/A control server on a large card either (two servers at 0.42: a shorter start).
 # CONTROL=force: the A/A control on any card, three servers at 0.3 (on an 80 GB card for the
 # rate-16 steps only: three at 0.3 held rate 16 there, fc7d26a, and ran out at saturation).
-# ALT=onoff|pieces|none: one more plugin server with that CUDA-graph variant policy (`serve start
+# ALT=onoff|pieces|pieces64|none: one more plugin server with that CUDA-graph variant policy (`serve start
 # --alt-variants`: its start-up and graph memory in servers.json; its configurations alt_inactive,
 # alt_<app> in summary.md only, never latest.json); name them in R16_APPS / SAT_APPS (e.g.
 # R16_APPS=steer_one,alt_steer_one,steer_all,alt_steer_all). Memory share 0.3 a server with three,

@@ -20,7 +20,9 @@ splits what the plugin's patches cost from what a deployment's hook ops cost (``
 ``calibration`` (a row of their own in the Current table, no budget line).
 ``start --alt-variants MODE`` adds one more server: the plugin with the same deployment and
 another CUDA-graph variant policy (:data:`ALT_VARIANTS`: ``onoff``, two variants, app-free and
-every site; ``pieces``, per-app FULL graphs and two piecewise tables; ``none``, one capture
+every site; ``pieces``, per-app FULL graphs and two piecewise tables; ``pieces64``, the same
+with per-app FULL graphs up to 64 tokens (larger decode batches with an app on replay the
+every-site graphs); ``none``, one capture
 with every hook op), port + 4, configurations ``alt_inactive`` and ``alt_<app>``: what the
 default per-app variants buy in latency against what they cost in start-up and graph memory
 (each server's start-up and capture go to servers.json), measured in the same rounds. Those
@@ -46,6 +48,7 @@ CONTROLS = {"plain": ("control", 2), "empty": ("control_empty", 3)}
 #: variant policy (``vllm_xmix.runtime.variants``)
 ALT_VARIANTS = {"onoff": {"VLLM_XMIX_GRAPH_VARIANTS": "onoff"},
                 "pieces": {"VLLM_XMIX_PIECEWISE_VARIANTS": "onoff"},
+                "pieces64": {"VLLM_XMIX_PIECEWISE_VARIANTS": "onoff", "VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE": "64"},
                 "none": {"VLLM_XMIX_GRAPH_VARIANTS": "0"}}
 #: the alternative server's name and its port's offset from vanilla's
 ALT_SERVER = ("alt", 4)

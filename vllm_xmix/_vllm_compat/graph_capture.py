@@ -130,6 +130,10 @@ def patch_graph_variants() -> None:
             gv = _variants_of(self.vllm_config)
             if gv is None:
                 return orig(self, desc, *args, **kwargs)
+            if gv.app_capture_size is not None:
+                raise RuntimeError("vllm_xmix: VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE needs vLLM's V2 model runner "
+                                   "(which knows a step's FULL graph size when the step's tables are filled); this "
+                                   "engine captures with the V1 runner: unset it")
             masks = gv.graph_variants()  # app-free first, every site last
             mode = kwargs.get("cudagraph_runtime_mode", args[0] if args else None)
             if mode == CUDAGraphMode.PIECEWISE:
@@ -160,8 +164,13 @@ def patch_graph_variants() -> None:
             descs = self._capture_descs
             for mask in gv.graph_variants():  # app-free first, every site last
                 self.graphs = {}
+                own = descs
                 if not gv.captures_pieces(mask):  # FULL graphs only (VLLM_XMIX_PIECEWISE_VARIANTS=onoff)
-                    self._capture_descs = {m: d for m, d in descs.items() if m != CUDAGraphMode.PIECEWISE}
+                    own = {m: d for m, d in own.items() if m != CUDAGraphMode.PIECEWISE}
+                if gv.app_capture_size is not None:  # a per-app variant's FULL graphs up to that size
+                    own = {m: [x for x in d if gv.captures_full(mask, x.num_tokens)] if m == CUDAGraphMode.FULL else d
+                           for m, d in own.items()}
+                self._capture_descs = own
                 try:
                     with _variant_cost(mask, costs), gv.capture_variant(mask):
                         orig(self, *args, **kwargs)
@@ -183,6 +192,10 @@ def patch_graph_variants() -> None:
                 mask = gv.run_mask if gv is not None else max(tables)
                 if mask not in tables:
                     raise RuntimeError(f"vllm_xmix: no CUDA graphs were captured for hook variant {mask:#x}")
+                if desc not in tables[mask]:  # (the step fill picks a variant that captured the size)
+                    raise RuntimeError(f"vllm_xmix: hook variant {mask:#x} has no FULL CUDA graph of {desc.num_tokens} "
+                                       "tokens (VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE), and the step was not "
+                                       "given the every-site variant")
                 self.graphs = tables[mask]
             return orig(self, desc)
 

@@ -192,14 +192,22 @@ def patch_v2_runner() -> None:
 
         return execute_model
 
+    from vllm.config import CUDAGraphMode
+
+    _FULL = CUDAGraphMode.FULL
+
     def wrap_prep(orig):
         @functools.wraps(orig)
         def prepare_inputs(self, *args, **kwargs):
             ib = orig(self, *args, **kwargs)
             st = _state_of(self)
             if st is not None:
+                # the FULL CUDA graph this step replays (its size: which variants captured it); the
+                # batch descriptor's position among the arguments differs between vLLM versions
+                desc = kwargs.get("batch_desc") or next((a for a in args if hasattr(a, "cg_mode")), None)
+                full = desc.num_tokens if desc is not None and desc.cg_mode == _FULL else None
                 st.fill(ib.req_ids[: ib.num_reqs], ib.num_scheduled_tokens[: ib.num_reqs],
-                        n_padded=ib.num_tokens_after_padding)
+                        n_padded=ib.num_tokens_after_padding, full_tokens=full)
             return ib
 
         return prepare_inputs

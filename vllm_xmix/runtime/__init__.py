@@ -20,10 +20,10 @@ from .slots import NULL_SLOT
 from .state import STATE_KEY, XmixState, engine_limits, get_or_create_state, get_state_from_config
 from .step import RING
 from .updates import AppUpdates, app_structure, pool_kind
-from .variants import SitePlan, graph_variant_settings, piecewise_variant_setting
+from .variants import SitePlan, app_capture_size_setting, graph_variant_settings, piecewise_variant_setting
 
 __all__ = [
     "MAX_READ_BUFFER_BYTES", "NULL_SLOT", "RUNTIME_ID", "RING", "STATE_KEY", "DeviceLayout", "Entry", "SitePlan", "XmixState",
     "buffer_bytes", "check_buffer_bytes", "engine_limits", "fused_id", "get_or_create_state",
-    "get_state_from_config", "graph_variant_settings", "piecewise_variant_setting", "AppUpdates", "app_structure", "pool_kind",
+    "get_state_from_config", "graph_variant_settings", "piecewise_variant_setting", "app_capture_size_setting", "AppUpdates", "app_structure", "pool_kind",
 ]

@@ -91,12 +91,16 @@ class StepFill:
         self.forwards = 0
         self.stage_waits = 0
 
-    def fill(self, req_ids, num_scheduled_tokens: np.ndarray, n_padded: int | None = None) -> None:
+    def fill(self, req_ids, num_scheduled_tokens: np.ndarray, n_padded: int | None = None,
+             full_tokens: int | None = None) -> None:
         """Write ``tok_slot`` for this step's tokens (batch order) and upload new slot rows.
 
         ``req_ids``: batch-ordered request ids; ``num_scheduled_tokens``: int array, same order.
         ``n_padded``: the padded token count when known (V2), else padding relies on the
         invariant that ``tok_slot`` is zero beyond the last written non-null token.
+        ``full_tokens``: the token count of the FULL CUDA graph the step replays, when known
+        (V2), else None: a variant that did not capture that size gives way to the every-site
+        one (:meth:`.variants.GraphVariants.full_variant`).
 
         Raises:
             RuntimeError: more tokens than the buffers hold, or no request slot left
@@ -119,10 +123,12 @@ class StepFill:
         n_on = int(np.count_nonzero(slots))
         if not n_on:
             var.set_variant(0)
-        elif n_on == var.n_requests:  # every registered request is in this step: the cached union
-            var.set_variant(var.variant_for(var.need_mask()))
-        else:  # some are not (waiting for a chunk, preempted): what this step's requests need
-            var.set_variant(var.variant_for(var.need_of(ids[i] for i in np.flatnonzero(slots).tolist())))
+        else:
+            if n_on == var.n_requests:  # every registered request is in this step: the cached union
+                mask = var.variant_for(var.need_mask())
+            else:  # some are not (waiting for a chunk, preempted): what this step's requests need
+                mask = var.variant_for(var.need_of(ids[i] for i in np.flatnonzero(slots).tolist()))
+            var.set_variant(var.full_variant(mask, full_tokens) if full_tokens is not None else mask)
         any_on = n_on > 0
         if not any_on and self.high_water == 0 and not reg.pending_rows:
             return

@@ -63,6 +63,29 @@ def piecewise_variant_setting() -> str:
     return mode
 
 
+def app_capture_size_setting() -> int | None:
+    """``VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE``: the largest token count for which a per-app
+    variant captures FULL CUDA graphs (None, the default: every size vLLM captures). A FULL step of
+    more tokens with an app on replays the every-site variant's graph of its size, whose ops gate
+    every entry on the device (the same values, more kernels), and the step fill uploads that
+    variant's tables (:meth:`GraphVariants.full_variant`). Per-app variants then capture a
+    fraction of their FULL graphs: a variant's capture time follows its batch sizes (one warm-up
+    and one captured forward each) and its memory its graph count; with
+    ``VLLM_XMIX_PIECEWISE_VARIANTS=onoff`` that is all a per-app variant captures (see
+    docs/design.md, graph memory). vLLM's V2 model runner only (it knows a step's FULL graph
+    size when its inputs are prepared).
+
+    Raises:
+        ValueError: a value that is not an integer >= 1, naming the variable."""
+    raw = os.environ.get("VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE")
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise ValueError(f"VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE={raw!r}: expected an integer >= 1 (the "
+                         "largest token count of a per-app variant's FULL CUDA graphs; unset: every size)")
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class SitePlan:
     """What a hook op applies at one site under one run mask (:meth:`GraphVariants.site_plan`):
@@ -99,6 +122,8 @@ class GraphVariants:
         self.variant_mode = mode
         #: piecewise graphs only for the app-free and every-site variants (piecewise_variant_setting)
         self.piecewise_onoff = piecewise_variant_setting() == "onoff"
+        #: per-app variants' largest FULL CUDA graph (app_capture_size_setting; None: every size)
+        self.app_capture_size = app_capture_size_setting()
         self.run_mask = self.all_mask
         self.capturing_variants = False
         self.variant_steps: Counter = Counter()
@@ -276,6 +301,21 @@ class GraphVariants:
         """Whether piecewise CUDA graphs are captured for variant ``mask`` (all variants; with
         ``VLLM_XMIX_PIECEWISE_VARIANTS=onoff`` the app-free and the every-site one only)."""
         return not self.piecewise_onoff or mask == 0 or mask == self.all_mask
+
+    def captures_full(self, mask: int, num_tokens: int) -> bool:
+        """Whether the FULL CUDA graph of ``num_tokens`` tokens is captured for variant ``mask``
+        (every size for the app-free and every-site variants; with
+        ``VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE`` a per-app variant's up to that size)."""
+        cap = self.app_capture_size
+        return cap is None or num_tokens <= cap or mask == 0 or mask == self.all_mask
+
+    def full_variant(self, mask: int, num_tokens: int | None) -> int:
+        """The variant a step replays whose run mask would be ``mask``: ``mask`` itself, or the
+        every-site variant where the step replays a FULL CUDA graph of ``num_tokens`` tokens
+        (None: it replays none) that ``mask``'s variant did not capture (:meth:`captures_full`)."""
+        if num_tokens is None or self.captures_full(mask, num_tokens):
+            return mask
+        return self.all_mask
 
     def piecewise_mask(self) -> int:
         """The variant whose piecewise graphs this step replays: the step's run mask, or with

@@ -11,7 +11,8 @@ import logging
 import os
 
 from ..hf_config import n_experts, text_config
-from ..runtime import RUNTIME_ID, check_buffer_bytes, engine_limits, graph_variant_settings, piecewise_variant_setting
+from ..runtime import (RUNTIME_ID, app_capture_size_setting, check_buffer_bytes, engine_limits,
+                       graph_variant_settings, piecewise_variant_setting)
 from ..spec import CONFIG_KEY, RESERVE_KINDS, XmixSpecError, parse_deployment, validate_deployment
 from .requests import check_write_magnitude, field_path, misspelled_selection_key
 
@@ -51,6 +52,7 @@ def validate_engine_config(vllm_config) -> None:
     try:
         graph_variant_settings()
         piecewise_variant_setting()
+        app_capture_size_setting()
     except ValueError as e:
         raise XmixSpecError(f"additional_config.xmix: {e}") from None
 
