@@ -17,7 +17,9 @@ BOOST = [4.0, 0.0, 0.0, -1.0]
 PROBE_W = [0.5, -1.0, 0.25, 2.0]
 
 
-def deployment():
+def deployment(files=None):
+    """The apps on the Mixtral engine; ``files`` (a folder): two more masks read from files, a
+    .npy and a .safetensors, which together mask every expert at layer 3."""
     from vllm_xmix import MIApp, deploy
 
     m = MIApp("mask2")
@@ -29,7 +31,19 @@ def deployment():
     r = MIApp("rlog")  # reads of the router logits: capture and a probe over experts
     r.read("capture", name="logits").layers([1, 3]).submodule("mlp.hook_router_logits")
     r.read("linear_probe", weight=PROBE_W, bias=0.5).layers([1, 3]).submodule("mlp.hook_router_logits")
-    return deploy(m, b, rest, r)
+    more = []
+    if files is not None:
+        import numpy as np
+        from safetensors.numpy import save_file
+
+        np.save(files / "m01.npy", np.array([-math.inf, -math.inf, 0.0, 0.0], dtype=np.float32))
+        save_file({"mask": np.array([0.0, 0.0, -math.inf, -math.inf], dtype=np.float32)}, str(files / "m23.safetensors"))
+        f01, f23 = MIApp("file01"), MIApp("file23")
+        f01.write("router_bias", vector=str(files / "m01.npy")).layers([3]).submodule("mlp.hook_router_logits")
+        f23.write("router_bias", vector=str(files / "m23.safetensors"), key="mask").layers([3]) \
+            .submodule("mlp.hook_router_logits")
+        more = [f01, f23]
+    return deploy(m, b, rest, r, *more)
 
 
 @contextlib.contextmanager
@@ -67,7 +81,7 @@ def moe(request, tmp_path_factory):
     from vllm_xmix.tiny import build_tiny_model
 
     model = build_tiny_model("mixtral", root=tmp_path_factory.mktemp("mixtral") / "tiny-mixtral")
-    llm = make_llm(model, request.param, additional_config=deployment())
+    llm = make_llm(model, request.param, additional_config=deployment(tmp_path_factory.mktemp("masks")))
     yield llm, HFOracle(model)
     close_llm(llm)
 
@@ -145,6 +159,13 @@ def test_router_requests_that_would_produce_nan_are_refused(moe):
     # each alone is fine; on other layers they do not overlap
     assert _gen(llm, _sp([{"name": "mask2", "layers": [0, 1, 2]}, "mask013"])) != plain
     assert _gen(llm, _sp(None)) == plain  # and the engine still serves, unpolluted
+    # masks read from files are checked as inline ones are (.npy and .safetensors)
+    with pytest.raises(ValueError, match=r"mi_apps: the selected apps mask every expert at layer 3"):
+        _gen(llm, _sp(["file01", "file23"]))
+    with pytest.raises(ValueError, match=r"mi_apps\[0\]\.scale: must be >= 0 for app 'file23'"):
+        _gen(llm, _sp([{"name": "file23", "scale": -1.0}]))
+    assert _gen(llm, _sp(["file01"])) != plain and _gen(llm, _sp(["file23"])) != plain
+    assert _gen(llm, _sp(None)) == plain
 
 
 def test_router_deployment_errors():

@@ -37,7 +37,8 @@ from .model import (RESERVE_KINDS, AppSpec, Cond, DeploymentConfig, Layers, Numb
                     Trigger, VectorFile, WriteOp)
 from .names import (CAPTURE_POSITIONS, CONFIG_KEY, KNOWN_HOOKS, KNOWN_READ_KINDS, KNOWN_WRITE_KINDS, ROUTER_HOOK,
                     SUPPORTED_HOOKS, SUPPORTED_WRITE_KINDS)
-from .request import check_request_against_deployment, check_router_masks, parse_request_apps, request_to_wire
+from .request import (check_request_against_deployment, check_router_masks, parse_request_apps, request_to_wire,
+                      router_masks)
 from .vector_files import load_vector
 from .vectors import hook_width, load_op_vector
 
@@ -50,7 +51,7 @@ __all__ = [
     "Reserve", "RESERVE_KINDS",
     # vectors, deployment, request
     "load_vector", "load_op_vector", "hook_width", "parse_deployment", "resolve_layers", "validate_deployment",
-    "parse_request_apps", "check_request_against_deployment", "check_router_masks", "request_to_wire",
+    "parse_request_apps", "check_request_against_deployment", "check_router_masks", "request_to_wire", "router_masks",
     # builder
     "MIApp", "deploy",
 ]

@@ -10,6 +10,27 @@ from typing import Any
 from .deployment import resolve_layers
 from .errors import XmixSpecError, _json, _validated
 from .model import DeploymentConfig, RequestApp
+from .vector_files import load_vector
+
+#: per app, per router_bias op index: (the experts its mask sets to -inf, how many experts)
+RouterMasks = dict[str, dict[int, tuple[frozenset, int]]]
+
+
+def router_masks(dep: DeploymentConfig) -> RouterMasks:
+    """The -inf entries (masked experts) of every ``router_bias`` write of ``dep``, from its
+    vector inline or in a file (read here: call once per deployment, not per request).
+
+    Raises:
+        XmixSpecError: a vector file that cannot be read (:func:`.vector_files.load_vector`)."""
+    out: RouterMasks = {}
+    for app in dep.apps:
+        for oi, op in enumerate(app.ops):
+            if op.primitive != "write" or op.kind != "router_bias":
+                continue
+            v = op.vector if isinstance(op.vector, list) else \
+                load_vector(op.vector, f"{app.name}.ops.{oi}.vector", allow_neg_inf=True).tolist()
+            out.setdefault(app.name, {})[oi] = (frozenset(j for j, x in enumerate(v) if math.isinf(x)), len(v))
+    return out
 
 
 def _coerce_request_list(raw: Any, field: str) -> list[Any]:
@@ -93,9 +114,12 @@ def short_name(name: str) -> str:
 
 
 def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConfig, n_layers: int,
-                                     field: str = "mi_apps", hashes: dict[str, str] | None = None) -> None:
-    """Raises XmixSpecError for unknown app names, layers outside the app's deployed layers, and
-    an app passed as an object whose content differs from the deployed app of that name."""
+                                     field: str = "mi_apps", hashes: dict[str, str] | None = None,
+                                     masks: RouterMasks | None = None) -> None:
+    """Raises XmixSpecError for unknown app names, layers outside the app's deployed layers, an
+    app passed as an object whose content differs from the deployed app of that name, and a
+    negative scale for an app whose router_bias masks experts (``masks``: :func:`router_masks`
+    of ``dep``, computed here when not given)."""
     names = [a.name for a in dep.apps]
     for i, ra in enumerate(apps):
         try:
@@ -105,9 +129,9 @@ def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConf
                 f"{field}[{i}].name: unknown app {short_name(ra.name)}; deployed apps: "
                 f"{names or 'none (no additional_config.xmix)'}"
             ) from None
-        if ra.scale is not None and ra.scale < 0 and any(
-                op.kind == "router_bias" and isinstance(op.vector, list) and any(math.isinf(x) for x in op.vector)
-                for op in app.ops):
+        if masks is None and ra.scale is not None and ra.scale < 0:
+            masks = router_masks(dep)
+        if ra.scale is not None and ra.scale < 0 and any(m for m, _ in (masks or {}).get(ra.name, {}).values()):
             raise XmixSpecError(
                 f"{field}[{i}].scale: must be >= 0 for app {ra.name!r}, whose router_bias masks experts "
                 f"with -inf (got {ra.scale}); a negative scale turns the mask into +inf/NaN"
@@ -154,19 +178,22 @@ def check_request_against_deployment(apps: list[RequestApp], dep: DeploymentConf
 
 
 def check_router_masks(apps: list[RequestApp], dep: DeploymentConfig, n_layers: int,
-                       field: str = "mi_apps") -> None:
+                       field: str = "mi_apps", masks: RouterMasks | None = None) -> None:
     """Raises XmixSpecError if the router masks of the selected apps together mask every expert
-    at some layer (softmax over all -inf logits is NaN, and NaN would reach the KV cache)."""
+    at some layer (softmax over all -inf logits is NaN, and NaN would reach the KV cache), the
+    masks inline or in files alike (``masks``: :func:`router_masks` of ``dep``, computed here when
+    not given)."""
+    if masks is None:
+        masks = router_masks(dep)
     masked: dict[int, set[int]] = {}
     n_exp = None
     for ra in apps:
         if ra.scale == 0:
             continue
-        for op in dep.app(ra.name).ops:
-            if op.kind != "router_bias" or not isinstance(op.vector, list):
-                continue
-            n_exp = len(op.vector)
-            idx = {j for j, x in enumerate(op.vector) if math.isinf(x)}
+        app = dep.app(ra.name)
+        for oi, (idx, n) in masks.get(ra.name, {}).items():
+            op = app.ops[oi]
+            n_exp = n
             layers = resolve_layers(op.layers, n_layers, field)
             if ra.layers is not None:
                 layers = [L for L in layers if L in set(ra.layers)]

@@ -296,7 +296,7 @@ def list_apps(vllm_config) -> dict:
     """``GET /v1/mi/apps``: the apps new requests can select, each with its ops, hook sites,
     content hash and version (0: as deployed), whether it was deployed or added, and the
     deployment's reserve."""
-    dep, hashes, _, _ = _deployment_info(vllm_config)
+    dep, hashes, *_ = _deployment_info(vllm_config)
     if dep is None:
         return {"object": "list", "data": [], "reserve": None}
     versions = app_versions(vllm_config)

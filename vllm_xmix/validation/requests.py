@@ -15,7 +15,7 @@ import uuid
 
 from ..hf_config import text_config
 from ..spec import (CONFIG_KEY, XmixSpecError, check_request_against_deployment, check_router_masks, load_vector,
-                    parse_deployment, parse_request_apps, request_to_wire)
+                    parse_deployment, parse_request_apps, request_to_wire, router_masks)
 
 
 #: projections (ablate, clamp) set the stream's projection on r to (1 - c) x.r + c value; x.r is
@@ -110,13 +110,13 @@ READ_SALT = ":read-"
 
 def _deployment_info(vllm_config):
     """(deployment or None, {app name: content hash}, {app name: [(op index, deployed scale,
-    size)]}, write limits) of the engine's apps as they are now (the deployment, or after a
-    change on a running server :func:`set_live_deployment`), parsed, hashed and measured once:
-    see :func:`measure_deployment`."""
+    size)]}, write limits, router masks) of the engine's apps as they are now (the deployment, or
+    after a change on a running server :func:`set_live_deployment`), parsed, hashed and measured
+    once: see :func:`measure_deployment`."""
     key = id(vllm_config)
     hit = _DEP_CACHE.get(key)
     if hit is not None and hit[0] is vllm_config:
-        return hit[1:5]
+        return hit[1:6]
     add = vllm_config.additional_config
     dep = parse_deployment(add[CONFIG_KEY]) if isinstance(add, dict) and CONFIG_KEY in add else None
     info = measure_deployment(vllm_config, dep)
@@ -138,12 +138,14 @@ def _n_layers(vllm_config) -> int:
 
 def measure_deployment(vllm_config, dep):
     """(``dep``, {app name: content hash}, {app name: [(op index, deployed scale, size)]}, write
-    limits): per write op the size a scale multiplies (max |finite vector entry| of an add /
+    limits, router masks): per write op the size a scale multiplies (max |finite vector entry| of an add /
     router bias; for a projection see :func:`check_write_magnitude`), and the largest writes
     that stay finite with headroom: ``(residual stream, router logits)``. Router logits:
     ``finfo(dtype).max / 256``. The residual stream also goes through the next RMSNorm, whose
     float32 sum of squares over d_model overflows long before bf16 / float32 values do: at most
-    ``sqrt(finfo(float32).max / d_model) / 16`` there (about 1.8e16 for d_model 4096).
+    ``sqrt(finfo(float32).max / d_model) / 16`` there (about 1.8e16 for d_model 4096). Router
+    masks: the experts each ``router_bias`` write sets to -inf (:func:`~vllm_xmix.spec.router_masks`,
+    inline vectors and files alike), for the requests' checks of masks combined or negated.
 
     Hashing an app serialises its vectors (milliseconds for d_model 4096): never per request."""
     import numpy as np
@@ -167,14 +169,15 @@ def measure_deployment(vllm_config, dep):
     hf = getattr(vllm_config.model_config, "hf_config", None)
     d_model = int(getattr(text_config(hf), "hidden_size", 1) or 1) if hf is not None else 1
     stream = min(limit, float(np.sqrt(float(torch.finfo(torch.float32).max) / d_model)) / 16)
-    return dep, hashes, sizes, (stream, limit)
+    masks = router_masks(dep) if dep is not None else {}
+    return dep, hashes, sizes, (stream, limit), masks
 
 
 def app_versions(vllm_config) -> dict[str, int]:
     """The version of each app that new requests run (absent: 0, the deployment's own);
     changed with :func:`set_live_deployment`."""
     _deployment_info(vllm_config)
-    return _DEP_CACHE[id(vllm_config)][5]
+    return _DEP_CACHE[id(vllm_config)][6]
 
 
 def set_live_deployment(vllm_config, dep, versions: dict[str, int], info=None) -> None:
@@ -207,7 +210,7 @@ def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field
 
     Raises:
         XmixSpecError: naming the field, the size and the dtype's limit."""
-    dep, _, sizes, (stream_limit, logit_limit) = info or _deployment_info(vllm_config)
+    dep, _, sizes, (stream_limit, logit_limit), _ = info or _deployment_info(vllm_config)
     for oi, deployed, size in sizes.get(app_name, ()):
         c = deployed if scale is None else scale
         kind = dep.app(app_name).ops[oi].kind
@@ -336,11 +339,12 @@ def _checked_selection(vllm_config, raw, n: int, field: str):
             "engine (start it with additional_config={'xmix': ...}, see vllm_xmix.deploy)"
         )
     n_layers = _n_layers(vllm_config)
-    check_request_against_deployment(apps, dep, n_layers, field=field, hashes=hashes)
+    masks = _deployment_info(vllm_config)[4]
+    check_request_against_deployment(apps, dep, n_layers, field=field, hashes=hashes, masks=masks)
     for i, ra in enumerate(apps):
         if ra.scale != 0.0:  # (None: the deployed scales)
             check_write_magnitude(vllm_config, ra.name, ra.scale, f"{field}[{i}].scale")
-    check_router_masks(apps, dep, n_layers, field=field)
+    check_router_masks(apps, dep, n_layers, field=field, masks=masks)
     wire = request_to_wire(apps)
     versions = app_versions(vllm_config)
     for item in wire["apps"]:  # the parameters this request runs with: the app's version now
