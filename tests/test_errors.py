@@ -288,6 +288,38 @@ def test_overflowing_deployed_scale_is_refused(tiny_llama):
 
 
 
+def test_adds_that_overflow_together_are_refused(tiny_llama):
+    """Adds accumulate in the residual stream over layers and apps: writes each within the limit
+    (d_model 64 in float32: 1.44e17) that together exceed it are refused, one app's over its
+    layers when the engine is configured, several apps' per request; within it they run, and the
+    engine keeps serving plain requests unchanged."""
+    from vllm_xmix import SamplingParams
+
+    ones = np.ones(D_MODEL, dtype=np.float32)
+    big = MIApp("big")
+    big.write("add", vector=ones, scale=5e16).layers([0, 1, 2])
+    with pytest.raises(ValueError, match=r"apps\.0\(big\): the adds of the selected apps write up to 1\.5e\+17 into "
+                                         r"the residual stream together \(3 writes over their layers and apps"):
+        make_llm(tiny_llama, "eager", additional_config=deploy(big))
+    h1, h2 = MIApp("h1"), MIApp("h2")
+    h1.write("add", vector=ones, scale=1e17).layers([1])
+    h2.write("add", vector=ones, scale=1e17).layers([2])
+    llm = make_llm(tiny_llama, "eager", additional_config=deploy(h1, h2))
+    try:
+        sp = lambda apps: SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, mi_apps=apps)
+        plain = _gen(llm, sp(None))
+        with pytest.raises(ValueError, match=r"mi_apps: the adds of the selected apps write up to 2e\+17 into the "
+                                             r"residual stream together \(2 writes"):
+            _gen(llm, sp(["h1", "h2"]))
+        alone = _gen(llm, sp(["h1"]))
+        assert alone != plain  # each alone runs (and writes)
+        both = _gen(llm, sp([{"name": "h1", "scale": 5e16}, {"name": "h2", "scale": 5e16}]))
+        assert both != plain
+        assert _gen(llm, sp(None)) == plain
+    finally:
+        close_llm(llm)
+
+
 def test_write_magnitude_bound_follows_the_dtype():
     """float16 holds writes up to 65504/256: a directional ablation (scale 1) or a reflection
     (scale 3) fits, a large add or clamp target does not; float32 takes the large add."""

@@ -122,7 +122,7 @@ def _validate(path: str, model: str, dtype: str = "auto") -> str:
 
     from .hf_config import text_config
     from .validation.engine import check_family_dtype, validate_for_model
-    from .validation.requests import check_write_magnitude, measure_deployment
+    from .validation.requests import check_combined_magnitude, check_write_magnitude, measure_deployment
 
     dep_dict = load_deployment_file(path)
     dep = parse_deployment(dep_dict)
@@ -148,6 +148,8 @@ def _validate(path: str, model: str, dtype: str = "auto") -> str:
         for ai, app in enumerate(dep.apps):
             check_write_magnitude(stand_in, app.name, None, f"additional_config.xmix.apps.{ai}({app.name})",
                                   per_op=True, info=info)
+            check_combined_magnitude(stand_in, [(app.name, None, None)], f"additional_config.xmix.apps.{ai}({app.name})",
+                                     info=info)
     except XmixSpecError as e:
         raise XmixSpecError(f"{path} for --model {model} in {name}: {_in_file(e)}") from None
     lines = [f"{path}: valid for {model} ({archs[0] if archs else '?'}, {text.num_hidden_layers} layers, "

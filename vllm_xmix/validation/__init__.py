@@ -10,7 +10,7 @@ Every check raises :class:`vllm_xmix.spec.XmixSpecError` (a ``ValueError``) nami
 
 from .engine import envs_plugins_exclude_xmix, validate_engine_config
 from .http import http_selection_check
-from .requests import PROJ_SPAN, check_write_magnitude, validate_request, validate_selection
+from .requests import PROJ_SPAN, check_combined_magnitude, check_write_magnitude, validate_request, validate_selection
 
-__all__ = ["PROJ_SPAN", "check_write_magnitude", "envs_plugins_exclude_xmix", "http_selection_check",
+__all__ = ["PROJ_SPAN", "check_combined_magnitude", "check_write_magnitude", "envs_plugins_exclude_xmix", "http_selection_check",
            "validate_engine_config", "validate_request", "validate_selection"]

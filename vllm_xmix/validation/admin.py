@@ -32,8 +32,8 @@ from ..hf_config import text_config
 from ..runtime import app_structure, pool_kind
 from ..spec import AppSpec, DeploymentConfig, XmixSpecError, resolve_layers
 from ..spec.errors import _validated
-from .requests import _deployment_info, app_versions, check_write_magnitude, measure_deployment, \
-    set_live_deployment
+from .requests import _deployment_info, app_versions, check_combined_magnitude, check_write_magnitude, \
+    measure_deployment, set_live_deployment
 
 #: environment variable holding the admin key (``vllm-xmix serve --admin-key`` sets it); without
 #: it the admin routes take vLLM's ``--api-key``
@@ -248,6 +248,7 @@ def prepare_change(vllm_config, action: str, name: str | None, body: dict) -> Ch
     info = measure_deployment(vllm_config, new)
     try:
         check_write_magnitude(vllm_config, name, None, "body", per_op=True, info=info)
+        check_combined_magnitude(vllm_config, [(name, None, None)], "body", info=info)
     except XmixSpecError as e:
         raise AdminError(400, str(e)) from None
     version = _NEXT_VERSION.setdefault(id(vllm_config), {}).get(name, 0) + 1

@@ -14,7 +14,7 @@ from ..hf_config import n_experts, text_config
 from ..runtime import (RUNTIME_ID, app_capture_size_setting, check_buffer_bytes, engine_limits,
                        graph_variant_settings, piecewise_variant_setting)
 from ..spec import CONFIG_KEY, RESERVE_KINDS, XmixSpecError, parse_deployment, validate_deployment
-from .requests import check_write_magnitude, field_path, misspelled_selection_key
+from .requests import check_combined_magnitude, check_write_magnitude, field_path, misspelled_selection_key
 
 logger = logging.getLogger("vllm.xmix")
 
@@ -48,6 +48,7 @@ def validate_engine_config(vllm_config) -> None:
 
     for ai, app in enumerate(dep.apps):
         check_write_magnitude(vllm_config, app.name, None, f"additional_config.xmix.apps.{ai}({app.name})", per_op=True)
+        check_combined_magnitude(vllm_config, [(app.name, None, None)], f"additional_config.xmix.apps.{ai}({app.name})")
 
     try:
         graph_variant_settings()

@@ -15,7 +15,7 @@ import uuid
 
 from ..hf_config import text_config
 from ..spec import (CONFIG_KEY, XmixSpecError, check_request_against_deployment, check_router_masks, load_vector,
-                    parse_deployment, parse_request_apps, request_to_wire, router_masks)
+                    parse_deployment, parse_request_apps, request_to_wire, resolve_layers, router_masks)
 
 
 #: projections (ablate, clamp) set the stream's projection on r to (1 - c) x.r + c value; x.r is
@@ -237,6 +237,52 @@ def check_write_magnitude(vllm_config, app_name: str, scale: float | None, field
                 "KV-cache blocks")
 
 
+def check_combined_magnitude(vllm_config, selection, field: str, info=None) -> None:
+    """The writes of several ops together: adds into the residual stream accumulate over the
+    layers and apps that write them, so their sizes (|scale| x largest vector entry, each within
+    :func:`check_write_magnitude`'s limit alone) summed over the selected layers and apps must
+    stay within the residual stream's limit too; router biases add up per layer, within the
+    router logits' limit. Projections (ablate, clamp) set a component rather than add to it and
+    are checked per op only. ``selection``: ``[(app name, scale or None: the deployed ones,
+    layers or None: the deployed ones)]``; ``info``: as for :func:`check_write_magnitude`.
+
+    Raises:
+        XmixSpecError: naming ``field``, the total, how many writes make it and the limit."""
+    dep, _, sizes, (stream_limit, logit_limit), _ = info or _deployment_info(vllm_config)
+    n_layers = int(text_config(vllm_config.model_config.hf_config).num_hidden_layers)
+    stream, n_stream = 0.0, 0
+    logits: dict[int, float] = {}
+    for name, scale, layers in selection:
+        app = dep.app(name)
+        for oi, deployed, size in sizes.get(name, ()):
+            op = app.ops[oi]
+            if op.kind not in ("add", "router_bias"):
+                continue
+            at = resolve_layers(op.layers, n_layers, field)
+            if layers is not None:
+                at = [L for L in at if L in set(layers)]
+            big = abs(deployed if scale is None else scale) * size
+            if op.kind == "add":
+                stream += big * len(at)
+                n_stream += len(at)
+            else:
+                for L in at:
+                    logits[L] = logits.get(L, 0.0) + big
+    dtype = getattr(vllm_config.model_config, "dtype", "float32")
+    if stream > stream_limit:
+        raise XmixSpecError(
+            f"{field}: the adds of the selected apps write up to {stream:.3g} into the residual stream together "
+            f"({n_stream} writes over their layers and apps, which accumulate); with the model's dtype {dtype}, "
+            f"up to {stream_limit:.3g} in all stays finite through the next RMSNorm's float32 sum of squares: more "
+            "overflows to inf/NaN, which would reach other requests through reused KV-cache blocks")
+    for L, big in sorted(logits.items()):
+        if big > logit_limit:
+            raise XmixSpecError(
+                f"{field}: the router biases of the selected apps add up to {big:.3g} at layer {L}; with the "
+                f"model's dtype {dtype}, up to {logit_limit:.3g} stays finite: more overflows to inf/NaN, which "
+                "would reach other requests through reused KV-cache blocks")
+
+
 def validate_request(vllm_config, params):
     """Validate ``params.extra_args["xmix"]``; returns (canonical wire dict or None, salt or None).
     Errors name the field as the caller wrote it: ``mi_apps`` for a ``vllm_xmix.SamplingParams``
@@ -344,6 +390,7 @@ def _checked_selection(vllm_config, raw, n: int, field: str):
     for i, ra in enumerate(apps):
         if ra.scale != 0.0:  # (None: the deployed scales)
             check_write_magnitude(vllm_config, ra.name, ra.scale, f"{field}[{i}].scale")
+    check_combined_magnitude(vllm_config, [(ra.name, ra.scale, ra.layers) for ra in apps if ra.scale != 0.0], field)
     check_router_masks(apps, dep, n_layers, field=field, masks=masks)
     wire = request_to_wire(apps)
     versions = app_versions(vllm_config)
