@@ -266,6 +266,20 @@ def test_condition_errors(tiny_llama):
         deploy(app(buffer="b"))
     with pytest.raises(XmixSpecError, match=r"app 'c'\.ops\.1\.cond\.buffer: no read of this app writes buffer 'zz'"):
         deploy(app(buffer="zz", threshold=0.0))
+    # a threshold outside the read's range: the condition would be constant
+    with pytest.raises(XmixSpecError, match=r"ops\.1\.cond\.threshold: 2\.0 is outside \[-1, 1\], the range of a cosine "
+                                            r"similarity \(buffer 'b'\): the condition would never or always hold"):
+        deploy(app(buffer="b", op=">", threshold=2.0))
+    deploy(app(buffer="b", op=">", threshold=1.0))
+    sig = MIApp("s")
+    sig.read("linear_probe", weight=C, sigmoid=True, buffer="p").layers([1])
+    sig.write("add", vector=V).layers([2]).cond(buffer="p", op="<", threshold=-0.5)
+    with pytest.raises(XmixSpecError, match=r"cond\.threshold: -0\.5 is outside \[0, 1\], the range of a probe's sigmoid"):
+        deploy(sig)
+    raw = MIApp("s")  # a probe without sigmoid: any threshold
+    raw.read("linear_probe", weight=C, buffer="p").layers([1])
+    raw.write("add", vector=V).layers([2]).cond(buffer="p", op="<", threshold=-40.0)
+    deploy(raw)
     with pytest.raises(XmixSpecError, match=r"op"):
         deploy(app(buffer="b", op="!=", threshold=0.0))
     with pytest.raises(XmixSpecError, match=r"token ids must be non-negative integers"):

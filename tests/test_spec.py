@@ -230,6 +230,10 @@ def test_layers_as_arrays_and_tensors():
         a = MIApp("x")
         a.write("add", vector=unit_rms(0)).layers(layers)
         assert a.to_spec().ops[0].layers == [1, 2]
+    for one in (1, np.int64(1), np.int32(1)):  # one layer, a Python or a numpy integer
+        a = MIApp("x")
+        a.write("add", vector=unit_rms(0)).layers(one)
+        assert a.to_spec().ops[0].layers == [1]
     for bad, msg in ((np.array([[1, 2]]), "1-D list of layer indices"), (np.array([1.0, 2.0]), "must be integers")):
         a = MIApp("x")
         a.write("add", vector=unit_rms(0)).layers(bad)
@@ -254,7 +258,10 @@ def test_scalars_and_vectors_that_float32_turns_into_inf_or_zero_are_refused(tmp
              ({"primitive": "write", "kind": "add", "layers": [1], "vector": [1e-46] * D_MODEL},
               r"ops\.0\.vector: every entry underflows float32"),
              ({"primitive": "read", "kind": "linear_probe", "layers": [1], "weight": [-1e-47] * D_MODEL},
-              r"ops\.0\.weight: every entry underflows float32")]
+              r"ops\.0\.weight: every entry underflows float32"),
+             # an inline vector's entry beyond float32's range: at deploy(), as a file's at load
+             ({"primitive": "write", "kind": "add", "layers": [1], "vector": [1.0] * (D_MODEL - 1) + [1e39]},
+              r"ops\.0\.vector: entry 63 \(1e\+39\) exceeds float32's range \(\+-3\.4e\+38\)")]
     for op, msg in cases:
         with pytest.raises(XmixSpecError, match=msg):
             parse_deployment({"apps": [{"name": "a", "ops": [op]}]})

@@ -35,8 +35,8 @@ class _OpBuilder:
         """``[int, ...]``, ``range(...)``, a 1-D integer array or ``"all"`` (once per op)."""
         if isinstance(layers, range):
             layers = list(layers)
-        elif isinstance(layers, int) and not isinstance(layers, bool):
-            layers = [layers]
+        elif isinstance(layers, (int, np.integer)) and not isinstance(layers, (bool, np.bool_)):
+            layers = [int(layers)]
         self._set_once("layers", "layers", layers)
         return self
 

@@ -27,6 +27,7 @@ from .vector_files import load_vector, non_finite_entry
 
 #: the float32 limits: vectors, scales, clamp targets and probe biases are applied in float32
 _F32 = np.finfo(np.float32)
+_F32_MAX = float(_F32.max)
 
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
@@ -94,8 +95,11 @@ def _number_list(v, *, neg_inf: bool):
         bad = next((i for i, x in enumerate(vals) if math.isnan(x) or x == math.inf), None)
         if bad is not None:
             raise ValueError(non_finite_entry(bad, vals[bad], allow_neg_inf=True))
-    with np.errstate(over="ignore"):  # (an entry beyond float32's range is refused by name later)
-        any_f32 = np.asarray(vals, dtype=np.float32).any()
+    big = next((i for i, x in enumerate(vals) if math.isfinite(x) and abs(x) > _F32_MAX), None)
+    if big is not None:  # (the words of vector_files.load_vector, which refuses a file's so)
+        raise ValueError(f"entry {big} ({vals[big]:.3g}) exceeds float32's range (+-{float(_F32.max):.3g}); "
+                         "vectors are applied in float32")
+    any_f32 = np.asarray(vals, dtype=np.float32).any()
     if any(vals) and not any_f32:  # (zeros as given are the caller's choice)
         raise ValueError(f"every entry underflows float32 (the largest, {max(map(abs, vals)):.3g}, is below "
                          f"{float(_F32.smallest_subnormal):.3g}): the vector would apply as zeros; vectors are "
@@ -517,6 +521,13 @@ class AppSpec(BaseModel):
                 if op.cond.buffer not in bufs:
                     raise ValueError(f"{i}.cond.buffer: no read of this app writes buffer {op.cond.buffer!r} "
                                      f"(defined: {bufs or 'none'}; use read(..., buffer=...))")
+                # a threshold outside the read's range would make the condition constant (never or always)
+                read = next(r for r in v if r.primitive == "read" and r.buffer == op.cond.buffer)
+                lo, hi, what = ((-1.0, 1.0, "a cosine similarity") if read.kind == "cosine" else
+                                (0.0, 1.0, "a probe's sigmoid") if read.sigmoid else (None, None, None))
+                if lo is not None and not lo <= op.cond.threshold <= hi:
+                    raise ValueError(f"{i}.cond.threshold: {op.cond.threshold} is outside [{lo:g}, {hi:g}], the range of "
+                                     f"{what} (buffer {op.cond.buffer!r}): the condition would never or always hold")
         return v
 
     @field_validator("ops")
