@@ -22,12 +22,17 @@ class XmixSpecError(ValueError):
 #: the start of a message, raised by a validator of a list field, that names the item and the
 #: field it is about ("1.cond.buffer: ..."): part of the location, not of the message
 _SUB_LOC = re.compile(r"(\d+(?:\.[A-Za-z_]\w*)+): ")
+#: the start of a message, raised by a model's validator, that names the field it is about
+#: ("vector: zero vector has no direction ..."): part of the location too (``ops.0.vector``)
+_FIELD_LOC = re.compile(r"(vector|weight|bias|sigmoid|hook|kind|scale|value|cond|threshold|layers|buffer|name|"
+                        r"positions|scope|on|key|path|op|tokens|tokens_prev|latch): ")
 
 
 def _fmt_validation_error(prefix: str, e: ValidationError) -> str:
     """One line per pydantic error, ``{prefix}.{loc}: {msg}``, joined with ``"; "``; the
     discriminated union's ``write``/``read`` tag is dropped from the location, and a list
-    validator's item path at the start of its message joins it (``apps.0.ops.1.cond.buffer``)."""
+    validator's item path at the start of its message joins it (``apps.0.ops.1.cond.buffer``), and
+    so does the field a model validator's message starts with (``apps.0.ops.0.vector``)."""
     parts = []
     for err in e.errors():
         raw = list(err.get("loc", ()))
@@ -36,8 +41,8 @@ def _fmt_validation_error(prefix: str, e: ValidationError) -> str:
         loc = ".".join(str(x) for x in raw)
         msg = err.get("msg", "")
         msg = msg.removeprefix("Value error, ")
-        sub = _SUB_LOC.match(msg)  # a list validator's message that names an item's field ("1.cond.buffer: ...")
-        if sub:
+        sub = _SUB_LOC.match(msg) or (_FIELD_LOC.match(msg) if raw and err.get("type") == "value_error" else None)
+        if sub:  # a list validator's message naming an item's field ("1.cond.buffer: ..."), a model's its own
             loc, msg = f"{loc}.{sub.group(1)}" if loc else sub.group(1), msg[sub.end():]
         got = repr(err.get("input"))
         if err.get("type", "").endswith(("literal_error", "_type", "_parsing", "enum")) and len(got) <= 60:

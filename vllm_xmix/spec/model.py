@@ -330,6 +330,13 @@ class WriteOp(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _direction(self):
+        # (a file's vector is read when the engine is configured: spec/vectors.py says the same there)
+        if self.kind in ("ablate", "clamp") and isinstance(self.vector, list) and not any(self.vector):
+            raise ValueError(f"vector: zero vector has no direction to {self.kind}")
+        return self
+
+    @model_validator(mode="after")
     def _value_only_for_clamp(self):
         if self.value is not None and self.kind != "clamp":
             raise ValueError(f"value: only a 'clamp' write takes a value (this write is {self.kind!r})")
@@ -444,6 +451,8 @@ class ReadOp(BaseModel):
                 raise ValueError("positions: probes return every processed position (only captures take positions)")
             if self.kind == "cosine" and (self.bias != 0.0 or self.sigmoid):
                 raise ValueError("bias/sigmoid: only a 'linear_probe' read takes them")
+            if self.kind == "cosine" and isinstance(self.weight, list) and not any(self.weight):
+                raise ValueError("weight: zero vector has no direction for a cosine similarity")
         else:
             if self.weight is not None or self.bias != 0.0 or self.sigmoid:
                 raise ValueError("weight/bias/sigmoid: only a 'linear_probe' read takes them (this read is a capture)")

@@ -249,7 +249,7 @@ def check_combined_magnitude(vllm_config, selection, field: str, info=None) -> N
     Raises:
         XmixSpecError: naming ``field``, the total, how many writes make it and the limit."""
     dep, _, sizes, (stream_limit, logit_limit), _ = info or _deployment_info(vllm_config)
-    n_layers = int(text_config(vllm_config.model_config.hf_config).num_hidden_layers)
+    n_layers = _n_layers(vllm_config)
     stream, n_stream = 0.0, 0
     logits: dict[int, float] = {}
     for name, scale, layers in selection:
