@@ -15,6 +15,7 @@ CPU runner) and V2 (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``):
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 
 from ..runtime import STATE_KEY
@@ -197,15 +198,26 @@ def patch_v2_runner() -> None:
     _FULL = CUDAGraphMode.FULL
 
     def wrap_prep(orig):
+        # where the batch descriptor comes among the arguments (after self; it moved between vLLM
+        # versions), found once here rather than per step
+        params = list(inspect.signature(orig).parameters)
+        at = params.index("batch_desc") - 1 if "batch_desc" in params else None
+
         @functools.wraps(orig)
         def prepare_inputs(self, *args, **kwargs):
             ib = orig(self, *args, **kwargs)
             st = _state_of(self)
             if st is not None:
-                # the FULL CUDA graph this step replays (its size: which variants captured it); the
-                # batch descriptor's position among the arguments differs between vLLM versions
-                desc = kwargs.get("batch_desc") or next((a for a in args if hasattr(a, "cg_mode")), None)
-                full = desc.num_tokens if desc is not None and desc.cg_mode == _FULL else None
+                # the FULL CUDA graph this step replays, where per-app variants capture only some
+                # sizes (VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE: the fill needs its size)
+                full = None
+                if st.variants.app_capture_size is not None:
+                    if at is None:
+                        raise RuntimeError("vllm_xmix: VLLM_XMIX_APP_MAX_CUDAGRAPH_CAPTURE_SIZE needs the batch "
+                                           "descriptor in GPUModelRunner.prepare_inputs, which this vLLM does not "
+                                           "pass: unset it")
+                    desc = args[at] if len(args) > at else kwargs["batch_desc"]
+                    full = desc.num_tokens if desc.cg_mode == _FULL else None
                 st.fill(ib.req_ids[: ib.num_reqs], ib.num_scheduled_tokens[: ib.num_reqs],
                         n_padded=ib.num_tokens_after_padding, full_tokens=full)
             return ib

@@ -128,7 +128,7 @@ class StepFill:
                 mask = var.variant_for(var.need_mask())
             else:  # some are not (waiting for a chunk, preempted): what this step's requests need
                 mask = var.variant_for(var.need_of(ids[i] for i in np.flatnonzero(slots).tolist()))
-            var.set_variant(var.full_variant(mask, full_tokens) if full_tokens is not None else mask)
+            var.set_variant(var.full_variant(mask, full_tokens))
         any_on = n_on > 0
         if not any_on and self.high_water == 0 and not reg.pending_rows:
             return

@@ -260,7 +260,8 @@ def check_combined_magnitude(vllm_config, selection, field: str, info=None) -> N
                 continue
             at = resolve_layers(op.layers, n_layers, field)
             if layers is not None:
-                at = [L for L in at if L in set(layers)]
+                chosen = set(layers)
+                at = [L for L in at if L in chosen]
             big = abs(deployed if scale is None else scale) * size
             if op.kind == "add":
                 stream += big * len(at)
@@ -385,7 +386,7 @@ def _checked_selection(vllm_config, raw, n: int, field: str):
             "engine (start it with additional_config={'xmix': ...}, see vllm_xmix.deploy)"
         )
     n_layers = _n_layers(vllm_config)
-    masks = _deployment_info(vllm_config)[4]
+    masks = _deployment_info(vllm_config)[4]  # (cached: what _deployment_of read)
     check_request_against_deployment(apps, dep, n_layers, field=field, hashes=hashes, masks=masks)
     for i, ra in enumerate(apps):
         if ra.scale != 0.0:  # (None: the deployed scales)
