@@ -97,7 +97,7 @@ def _number_list(v, *, neg_inf: bool):
             raise ValueError(non_finite_entry(bad, vals[bad], allow_neg_inf=True))
     big = next((i for i, x in enumerate(vals) if math.isfinite(x) and abs(x) > _F32_MAX), None)
     if big is not None:  # (the words of vector_files.load_vector, which refuses a file's so)
-        raise ValueError(f"entry {big} ({vals[big]:.3g}) exceeds float32's range (+-{float(_F32.max):.3g}); "
+        raise ValueError(f"entry {big} ({vals[big]:.3g}) exceeds float32's range (+-{_F32_MAX:.3g}); "
                          "vectors are applied in float32")
     any_f32 = np.asarray(vals, dtype=np.float32).any()
     if any(vals) and not any_f32:  # (zeros as given are the caller's choice)
@@ -143,8 +143,8 @@ def _float32_number(v) -> float:
     (below the smallest normal float32, 1.18e-38: a scale or a clamp target would silently apply
     nothing); 0 itself is fine."""
     v = _finite_number(v)
-    if abs(v) > float(_F32.max):
-        raise ValueError(f"{v:.3g} exceeds float32's range (+-{float(_F32.max):.3g}); it is applied in float32")
+    if abs(v) > _F32_MAX:
+        raise ValueError(f"{v:.3g} exceeds float32's range (+-{_F32_MAX:.3g}); it is applied in float32")
     if v != 0.0 and abs(v) < float(_F32.tiny):
         raise ValueError(f"{v:.3g} underflows float32 (smallest normal {float(_F32.tiny):.3g}): it would apply as 0; "
                          "give 0 to apply nothing")
