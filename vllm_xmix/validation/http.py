@@ -114,10 +114,7 @@ def on_route_error(body: bytes) -> str | None:
     """For a request to one of :data:`SELECTION_ROUTES`: the error message of
     :func:`xargs_type_error` or :func:`misplaced_selection` for its raw JSON ``body`` (parsed
     once, and only if it mentions a selection; UTF-16 and UTF-32 bodies too), else None."""
-    body = _as_utf8(body)
-    if not _mentions(body):
-        return None
-    data = _json_body(body)
+    data = _selection_body(body)
     if data is None:
         return None
     return xargs_type_error(data) or misplaced_selection(data)
@@ -232,8 +229,12 @@ def parse_json(text: str | bytes):
             return None
 
 
-def _json_body(body: bytes):
-    """The JSON object of a request body, or None (not JSON, not an object)."""
+def _selection_body(body: bytes) -> dict | None:
+    """The JSON object of a raw request ``body`` that may select apps (:func:`_mentions`, after
+    :func:`_as_utf8`), else None: no selection key in its bytes, not JSON, or not an object."""
+    body = _as_utf8(body)
+    if not _mentions(body):
+        return None
     data = parse_json(body)
     return data if isinstance(data, dict) else None
 
@@ -247,10 +248,7 @@ def selection_off_route(path: str, body: bytes) -> str | None:
     ``/v1/chat/completions/batch``, ``/inference/v1/generate``); else None. ``path``: the
     request's URL path; ``body``: its raw bytes (parsed only if they mention a selection; UTF-16
     and UTF-32 bodies too)."""
-    body = _as_utf8(body)
-    if not _mentions(body):
-        return None
-    data = _json_body(body)
+    data = _selection_body(body)
     if data is None:
         return None
     xargs = data.get("vllm_xargs")
