@@ -113,6 +113,44 @@ def test_request_accepts_numpy_numbers_and_sequences():
     assert p.extra_args["xmix"]["apps"][0]["layers"] == [2]
 
 
+def test_mi_apps_assigned_after_construction_is_what_runs(eager_llm, hf):
+    """``mi_apps`` assigned after ``SamplingParams`` is built replaces the selection it made: None
+    runs the request unsteered (the HF oracle's tokens), another app runs that app (an unknown
+    name refused, naming it), never the selection of construction time."""
+    import vllm
+
+    from vllm_xmix import SamplingParams
+
+    def sp(**kw):
+        return SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, **kw)
+
+    plain = [hf.greedy(p, 6) for p in PROMPTS[:2]]
+    steered = _gen(eager_llm, sp(mi_apps=["happy"]))
+    assert steered != plain
+    cleared = sp(mi_apps=["happy"], extra_args={"other": 1})
+    cleared.mi_apps = None
+    assert cleared.extra_args == {"other": 1}
+    assert _gen(eager_llm, cleared) == plain
+    later = sp()
+    later.mi_apps = ["happy"]
+    assert _gen(eager_llm, later) == steered
+    renamed = sp(mi_apps=["sad"])
+    renamed.mi_apps = ["happy"]
+    assert _gen(eager_llm, renamed) == steered
+    renamed.mi_apps = ["nope"]
+    with pytest.raises(ValueError, match=r"mi_apps\[0\]\.name: unknown app 'nope'"):
+        _gen(eager_llm, renamed)
+    with pytest.raises(ValueError, match=r"mi_apps\[0\]\.scale: expected a number, got str"):
+        renamed.mi_apps = [{"name": "happy", "scale": "x"}]
+    # a selection given in extra_args is not mi_apps' to replace
+    given = vllm.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                extra_args={"xmix": {"apps": [{"name": "happy"}]}})
+    both = sp(extra_args=dict(given.extra_args))
+    with pytest.raises(ValueError, match="the selection is given twice"):
+        both.mi_apps = ["sad"]
+    assert _gen(eager_llm, both) == steered
+
+
 def test_miapp_object_must_match_deployed_content(eager_llm):
     """Passing an MIApp selects by name, but a different vector under the same name is an error."""
     from conftest import HAPPY_LAYERS, HAPPY_SCALE, V_HAPPY

@@ -41,13 +41,47 @@ class SamplingParams(vllm.SamplingParams):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.mi_apps is not None:
-            apps = parse_request_apps(self.mi_apps, field="mi_apps")
-            wire = request_to_wire(apps)
+            wire, canonical = _selection(self.mi_apps)
             # (a copy or a decoded clone already carries the same selection in extra_args)
             if self.extra_args and CONFIG_KEY in self.extra_args and self.extra_args[CONFIG_KEY] != wire:
                 raise ValueError(f"mi_apps: the selection is given twice, as mi_apps and as "
                                  f"extra_args[{CONFIG_KEY!r}]; give one of them")
-            ea = dict(self.extra_args or {})
-            ea[CONFIG_KEY] = wire
-            self.extra_args = ea
-            self.mi_apps = [a.model_dump(exclude_none=True) for a in apps]
+            self._set_selection(wire, canonical)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """``mi_apps`` assigned after construction replaces the selection it made (validated as
+        on construction; None clears it), so that the request runs what the field says. A
+        selection given as ``extra_args["xmix"]`` (no ``mi_apps``) is not replaced: assigning
+        ``mi_apps`` beside it raises, as constructing with both does.
+
+        Raises:
+            ValueError: a malformed ``mi_apps`` (naming the field), or ``mi_apps`` beside a
+                selection in ``extra_args["xmix"]``."""
+        if name != "mi_apps":
+            return super().__setattr__(name, value)
+        ea = self.extra_args
+        owned = self.mi_apps is not None  # the selection in extra_args is mi_apps' own
+        if value is None:
+            if owned and ea and CONFIG_KEY in ea:
+                super().__setattr__("extra_args", {k: v for k, v in ea.items() if k != CONFIG_KEY} or None)
+            return super().__setattr__("mi_apps", None)
+        wire, canonical = _selection(value)
+        if not owned and ea and CONFIG_KEY in ea and ea[CONFIG_KEY] != wire:
+            raise ValueError(f"mi_apps: the selection is given twice, as mi_apps and as "
+                             f"extra_args[{CONFIG_KEY!r}]; give one of them")
+        self._set_selection(wire, canonical)
+
+    def _set_selection(self, wire: dict, canonical: list[dict]) -> None:
+        ea = dict(self.extra_args or {})
+        ea[CONFIG_KEY] = wire
+        super().__setattr__("extra_args", ea)
+        super().__setattr__("mi_apps", canonical)
+
+
+def _selection(mi_apps) -> tuple[dict, list[dict]]:
+    """``mi_apps`` checked: (its wire form for ``extra_args["xmix"]``, its canonical spelling).
+
+    Raises:
+        ValueError: malformed, naming the field (``mi_apps[0].scale: ...``)."""
+    apps = parse_request_apps(mi_apps, field="mi_apps")
+    return request_to_wire(apps), [a.model_dump(exclude_none=True) for a in apps]

@@ -38,16 +38,17 @@ def stamp(req, wire, salt, reads: bool) -> None:
         setattr(req.sampling_params, READS_ATTR, bool(reads))
     except AttributeError:  # (a SamplingParams without a __dict__: the output processor assumes reads)
         pass
-    ea = dict(req.sampling_params.extra_args or {})
-    ea[CONFIG_KEY] = wire
-    req.sampling_params.extra_args = ea
-    # the canonical selection (with the app versions) is now the only one: a
+    # the canonical selection (with the app versions) is to be the only one: a
     # vllm_xmix.SamplingParams unpickled in a worker (the scheduler output goes to
     # the workers of a multiprocess executor by pickle, e.g. with tensor
     # parallelism) would otherwise derive a selection from its mi_apps spelling again
-    # and refuse the stamped one as a second selection
+    # and refuse the stamped one as a second selection (cleared first: clearing
+    # mi_apps takes the selection it made out of extra_args)
     if getattr(req.sampling_params, "mi_apps", None) is not None:
         req.sampling_params.mi_apps = None
+    ea = dict(req.sampling_params.extra_args or {})
+    ea[CONFIG_KEY] = wire
+    req.sampling_params.extra_args = ea
     if salt is None:
         return
     parts = (req.cache_salt or "").split("|")
