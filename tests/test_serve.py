@@ -133,6 +133,8 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
                               (None, {"mi_apps": 5}, "mi_apps: expected a list of apps, got int"),
                               (None, {"mi_apps": {}}, "mi_apps: expected a list of apps (or its wire form"),
                               (None, {"mi_apps": '["happy"]'}, "mi_apps: expected a list of apps (names"),
+                              # (its example is the list the string holds)
+                              (None, {"mi_apps": '["sad"]'}, 'layers), e.g. ["sad"], got a string'),
                               (None, {"mi-apps": ["happy"]}, "mi-apps: not read by this server"),
                               ({"xmix ": ["happy"]}, {}, 'vllm_xargs["xmix "]: unknown key'),
                               # containers the server does not read a selection from: the apps would not run

@@ -367,6 +367,12 @@ def test_short_forms_and_refusals_a_user_meets_first(tmp_path):
     check_request_against_deployment([ra], dep, 4)
     with pytest.raises(XmixSpecError, match="mi_apps.0..layers"):
         parse_request_apps([{"name": "happy", "layers": "some"}])
+    # another spelling of "all" is refused, saying which one is taken (requests and deployments)
+    with pytest.raises(XmixSpecError, match=r"""mi_apps\[0\]\.layers: expected a list of layer indices or "all", got str 'ALL'"""):
+        parse_request_apps([{"name": "happy", "layers": "ALL"}])
+    with pytest.raises(XmixSpecError, match=r"""layers: expected a list of layer indices or "all", got str 'All'"""):
+        parse_deployment({"apps": [{"name": "p", "ops": [{"primitive": "write", "kind": "add", "layers": "All",
+                                                          "vector": [1.0] * 4}]}]})
 
     long = "x" * 100_000
     with pytest.raises(XmixSpecError) as e:

@@ -36,11 +36,16 @@ def captured(two_style):
     """Activations at LAYERS of every shipped excerpt, through a capture app in vLLM."""
     from vllm_xmix import deploy
     from vllm_xmix.extract import capture_app, collect_activations
+    from vllm_xmix.spec import XmixSpecError
 
     model, texts = two_style
     llm = make_llm(model, "eager", max_model_len=512, additional_config=deploy(capture_app(LAYERS)))
     try:
         acts = {(s, k): collect_activations(llm, texts[s][k]) for s in ("code", "prose") for k in ("train", "held")}
+        # a prompt that skip_first would leave without positions is refused, not returned empty
+        with pytest.raises(XmixSpecError, match=r"prompt 1 has 2 tokens, and skip_first=2 leaves none"):
+            collect_activations(llm, [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [5, 6]}], skip_first=2)
+        assert [a.shape[0] for a in collect_activations(llm, [{"prompt_token_ids": [5, 6, 7]}], skip_first=2)[1]] == [1]
     finally:
         close_llm(llm)
     return acts

@@ -61,16 +61,20 @@ def collect_activations(llm, prompts: Sequence, app: str = "capture", *, skip_fi
     capture under).
 
     Raises:
-        XmixSpecError: ``app`` returned no capture (not deployed, or not a capture app)."""
+        XmixSpecError: ``app`` returned no capture (not deployed, or not a capture app); a prompt
+            of no more than ``skip_first`` tokens (it would give no positions); ``skip_first``
+            not an integer >= 0."""
     from .sampling_params import SamplingParams
 
     sel = [app, *request.pop("apps", [])]
     if request:
         raise TypeError(f"collect_activations: unexpected arguments {sorted(request)}")
+    if not isinstance(skip_first, int) or isinstance(skip_first, bool) or skip_first < 0:
+        raise XmixSpecError(f"collect_activations: skip_first={skip_first!r}: expected an integer >= 0")
     sp = SamplingParams(temperature=0.0, max_tokens=1, mi_apps=sel)
     outs = llm.generate(list(prompts), sp, use_tqdm=False)
     per: dict[int, list[np.ndarray]] = {}
-    for o in outs:
+    for i, o in enumerate(outs):
         res = (o.mi_results or {}).get(app, {}).get(CAPTURE_NAME)
         if res is None:
             raise XmixSpecError(f"collect_activations: app {app!r} returned no {CAPTURE_NAME!r} capture; deploy "
@@ -79,6 +83,9 @@ def collect_activations(llm, prompts: Sequence, app: str = "capture", *, skip_fi
             layers = [r for r in _capture_layers(llm, app)]
             res = {layers[0]: res}
         P = len(o.prompt_token_ids)
+        if P <= skip_first:
+            raise XmixSpecError(f"collect_activations: prompt {i} has {P} tokens, and skip_first={skip_first} leaves "
+                                "none of its positions; lower skip_first or leave the prompt out")
         for layer, arr in res.items():
             per.setdefault(int(layer), []).append(np.asarray(arr[skip_first:P], dtype=np.float32))
     return per

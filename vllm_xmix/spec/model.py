@@ -109,6 +109,8 @@ def _number_list(v, *, neg_inf: bool):
 
 def _layer_list(v) -> list[int]:
     """A non-empty sequence of distinct non-negative ints (list, tuple, range, numpy ints)."""
+    if isinstance(v, str):  # ("all", in that spelling, is taken before this)
+        raise ValueError(f'expected a list of layer indices or "all", got str {v!r}')
     if not _is_list_like(v):
         raise ValueError(f"expected a list of layer indices, got {type(v).__name__} {v!r}")
     if hasattr(v, "tolist") and hasattr(v, "ndim"):  # a numpy array or torch tensor

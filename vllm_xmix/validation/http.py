@@ -165,11 +165,25 @@ def take_body_selection(request) -> tuple[str | None, str, object]:
             return None, BODY_FIELD, None
         if isinstance(sel, str):  # (JSON text is vllm_xargs' form; this field carries the list itself)
             return (f"{BODY_FIELD}: expected a list of apps (names, or objects with name, scale, layers), "
-                    f"e.g. {json.dumps([sel if not sel.lstrip().startswith(('[', '{')) else 'happy'])}, got a "
-                    f"string; JSON text of the list goes in vllm_xargs.{CONFIG_KEY}"), "", None
+                    f"e.g. {json.dumps(_list_example(sel))}, got a string; JSON text of the list goes in "
+                    f"vllm_xargs.{CONFIG_KEY}"), "", None
         request.vllm_xargs = {**xargs, CONFIG_KEY: json.dumps(sel)}
         return None, BODY_FIELD, sel
     return None, f"vllm_xargs.{CONFIG_KEY}", xargs.get(CONFIG_KEY)
+
+
+def _list_example(text: str) -> list:
+    """The list a string given as the ``mi_apps`` field most likely meant: its JSON's list (an
+    object inside one), a name inside one, or a placeholder."""
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, list):
+        return parsed
+    if isinstance(parsed, (dict, str)):
+        return [parsed]
+    return [text] if not text.lstrip().startswith(("[", "{")) else ["<app name>"]
 
 
 def _n_prompts(prompt) -> int:
