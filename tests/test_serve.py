@@ -147,6 +147,8 @@ def test_selection_lookalikes_are_http_400_naming_the_field(server, hf):
                               (None, {"vllm_xarg": {"XMIX": ["happy"]}}, "vllm_xarg.XMIX: not read"),
                               ({"xmix": "[" * 3000 + "]" * 3000}, {}, "vllm_xargs.xmix: JSON text nested too deeply"),
                               ({"xmix": '"happy"'}, {}, 'vllm_xargs.xmix: expected a list of apps (e.g. ["happy"])'),
+                              ({"xmix": True}, {}, "vllm_xargs.xmix: expected a list of apps (app names, or the "
+                                                   "selection list as JSON text), got bool true"),
                               # 0.5 x 1e30 fits float32, but not the next RMSNorm's sum of squares
                               (None, {"mi_apps": [{"name": "happy", "scale": 1e30}]}, "stay finite here")):
         status, resp = complete(url, model, PROMPTS[0], xargs, **extra)

@@ -286,6 +286,9 @@ def xargs_type_error(data: dict) -> str | None:
     those), which vLLM would refuse with its request model's validation dump; else None."""
     xargs = data.get("vllm_xargs")
     sel = xargs.get(CONFIG_KEY) if isinstance(xargs, dict) else None
+    if isinstance(sel, bool):  # (vLLM's request model would pass it on as the number 1 or 0)
+        return (f"vllm_xargs.{CONFIG_KEY}: expected a list of apps (app names, or the selection list as JSON "
+                f"text), got bool {json.dumps(sel)}")
     flat = (str, int, float)
     if sel is None or isinstance(sel, flat) or (isinstance(sel, list) and all(isinstance(x, flat) for x in sel)):
         return None
