@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -396,3 +397,19 @@ def test_a_read_kind_without_its_primitive_names_the_primitive():
                                             r"\"primitive\": \"read\""):
         _validated(AppSpec, {"name": "p", "ops": [op]}, "app")
     assert _validated(AppSpec, {"name": "p", "ops": [{**op, "primitive": "read"}]}, "app").ops[0].kind == "linear_probe"
+
+
+def test_deploy_names_its_argument():
+    """deploy's errors name the argument as the caller passed it (not the engine config's path),
+    and an argument that is no app at all is refused by its type."""
+    with pytest.raises(XmixSpecError, match=r"^deploy: argument 0 is NoneType; expected an MIApp"):
+        deploy(None)
+    good = {"name": "a", "ops": [{"primitive": "write", "kind": "add", "layers": [1], "vector": [1.0] * D_MODEL}]}
+    with pytest.raises(XmixSpecError, match=r"^deploy: argument 1 is int"):
+        deploy(good, 5)
+    bad = {"name": "b", "ops": [{"primitive": "write", "kind": "add", "layers": [1], "vector": [1.0, math.nan]}]}
+    with pytest.raises(XmixSpecError, match=r"^deploy argument 1\.ops\.0\.vector: entry 1 is nan"):
+        deploy(good, bad)
+    with pytest.raises(XmixSpecError, match=r"^deploy argument 0\.ops: Field required"):
+        deploy({"name": "c"})
+    assert deploy(good)["xmix"]["apps"][0]["ops"][0]["vector"] == [1.0] * D_MODEL

@@ -216,7 +216,10 @@ def deploy(*apps: MIApp | _OpBuilder | AppSpec | dict, fused_writes: str = "auto
             specs.append(a.to_spec())
         elif isinstance(a, AppSpec):
             specs.append(a)
+        elif isinstance(a, dict):  # (errors named as the caller wrote it: deploy's argument)
+            specs.append(_validated(AppSpec, a, f"deploy argument {i}"))
         else:
-            specs.append(parse_deployment({"apps": [a]}).apps[0])
+            raise XmixSpecError(f"deploy: argument {i} is {type(a).__name__}; expected an MIApp (or one of its "
+                                "op chains), or an app as a dict")
     dep = parse_deployment({"apps": [s.model_dump(mode="json") for s in specs], "fused_writes": fused_writes})
     return {CONFIG_KEY: dep.model_dump(mode="json", exclude_none=True)}
