@@ -413,3 +413,15 @@ def test_deploy_names_its_argument():
     with pytest.raises(XmixSpecError, match=r"^deploy argument 0\.ops: Field required"):
         deploy({"name": "c"})
     assert deploy(good)["xmix"]["apps"][0]["ops"][0]["vector"] == [1.0] * D_MODEL
+
+
+def test_a_file_key_beside_the_vector_says_where_it_goes():
+    """``key:`` written beside ``vector: file`` (not inside its ``{path, key}``) is refused
+    saying where the key goes, for a write's vector and a probe's weight."""
+    for op, field in (({"primitive": "write", "kind": "add", "layers": [1], "vector": "v.safetensors", "key": "happy"},
+                       "vector"),
+                      ({"primitive": "read", "kind": "linear_probe", "layers": [1], "weight": "w.pt", "key": "w"},
+                       "weight")):
+        with pytest.raises(XmixSpecError, match=rf"ops\.0\.key: a file's key goes with its path, {field}: "
+                                                rf"\{{path: \.\.\., key: '{op['key']}'\}}, not beside {field}"):
+            parse_deployment({"apps": [{"name": "a", "ops": [op]}]})

@@ -255,6 +255,16 @@ class Cond(BaseModel):
         return "latch"
 
 
+def _file_key_beside(data, field: str):
+    """A ``key`` given beside an op's ``field`` (``vector: v.safetensors`` then ``key: k``, the
+    likely slip in a deployment file) is refused, saying where it goes (else pydantic's bare
+    "Extra inputs are not permitted")."""
+    if isinstance(data, dict) and "key" in data and field in data:
+        raise ValueError(f"key: a file's key goes with its path, {field}: {{path: ..., key: {data['key']!r}}}, "
+                         f"not beside {field}")
+    return data
+
+
 class WriteOp(BaseModel):
     """One write: ``kind`` applied at ``blocks.{L}.{hook}`` for every ``L`` in ``layers``.
 
@@ -287,6 +297,11 @@ class WriteOp(BaseModel):
     scale: Float32 = 1.0
     value: OptionalFloat32 = None
     cond: Cond | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key(cls, data):
+        return _file_key_beside(data, "vector")
 
     @field_validator("kind")
     @classmethod
@@ -438,6 +453,11 @@ class ReadOp(BaseModel):
     @classmethod
     def _hook(cls, v: str) -> str:
         return _hook_name(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key(cls, data):
+        return _file_key_beside(data, "weight")
 
     @field_validator("weight", mode="before")
     @classmethod
