@@ -149,6 +149,11 @@ def test_mi_apps_assigned_after_construction_is_what_runs(eager_llm, hf):
     with pytest.raises(ValueError, match="the selection is given twice"):
         both.mi_apps = ["sad"]
     assert _gen(eager_llm, both) == steered
+    # the list edited in place (not assigned) is caught when vLLM copies the params, saying how to change it
+    edited = sp(mi_apps=["happy"])
+    edited.mi_apps.append("sad")
+    with pytest.raises(ValueError, match="edited in place after construction, assign it a new list"):
+        _gen(eager_llm, edited)
 
 
 def test_miapp_object_must_match_deployed_content(eager_llm):

@@ -45,7 +45,8 @@ class SamplingParams(vllm.SamplingParams):
             # (a copy or a decoded clone already carries the same selection in extra_args)
             if self.extra_args and CONFIG_KEY in self.extra_args and self.extra_args[CONFIG_KEY] != wire:
                 raise ValueError(f"mi_apps: the selection is given twice, as mi_apps and as "
-                                 f"extra_args[{CONFIG_KEY!r}]; give one of them")
+                                 f"extra_args[{CONFIG_KEY!r}]; give one of them (or, if mi_apps was edited in "
+                                 "place after construction, assign it a new list instead)")
             self._set_selection(wire, canonical)
 
     def __setattr__(self, name: str, value: Any) -> None:
