@@ -27,6 +27,7 @@ Arrays are float32 numpy; layers are 0-based decoder-layer indices; activations 
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -69,7 +70,7 @@ def collect_activations(llm, prompts: Sequence, app: str = "capture", *, skip_fi
     sel = [app, *request.pop("apps", [])]
     if request:
         raise TypeError(f"collect_activations: unexpected arguments {sorted(request)}")
-    if not isinstance(skip_first, int) or isinstance(skip_first, bool) or skip_first < 0:
+    if not isinstance(skip_first, numbers.Integral) or isinstance(skip_first, bool) or skip_first < 0:
         raise XmixSpecError(f"collect_activations: skip_first={skip_first!r}: expected an integer >= 0")
     sp = SamplingParams(temperature=0.0, max_tokens=1, mi_apps=sel)
     outs = llm.generate(list(prompts), sp, use_tqdm=False)

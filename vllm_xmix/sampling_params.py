@@ -44,9 +44,8 @@ class SamplingParams(vllm.SamplingParams):
             wire, canonical = _selection(self.mi_apps)
             # (a copy or a decoded clone already carries the same selection in extra_args)
             if self.extra_args and CONFIG_KEY in self.extra_args and self.extra_args[CONFIG_KEY] != wire:
-                raise ValueError(f"mi_apps: the selection is given twice, as mi_apps and as "
-                                 f"extra_args[{CONFIG_KEY!r}]; give one of them (or, if mi_apps was edited in "
-                                 "place after construction, assign it a new list instead)")
+                raise _given_twice("(or, if mi_apps was edited in place after construction, assign it a new "
+                                   "list instead)")
             self._set_selection(wire, canonical)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -68,8 +67,7 @@ class SamplingParams(vllm.SamplingParams):
             return super().__setattr__("mi_apps", None)
         wire, canonical = _selection(value)
         if not owned and ea and CONFIG_KEY in ea and ea[CONFIG_KEY] != wire:
-            raise ValueError(f"mi_apps: the selection is given twice, as mi_apps and as "
-                             f"extra_args[{CONFIG_KEY!r}]; give one of them")
+            raise _given_twice()
         self._set_selection(wire, canonical)
 
     def _set_selection(self, wire: dict, canonical: list[dict]) -> None:
@@ -77,6 +75,12 @@ class SamplingParams(vllm.SamplingParams):
         ea[CONFIG_KEY] = wire
         super().__setattr__("extra_args", ea)
         super().__setattr__("mi_apps", canonical)
+
+
+def _given_twice(hint: str = "") -> ValueError:
+    """The error for ``mi_apps`` beside a different selection in ``extra_args["xmix"]``."""
+    return ValueError(f"mi_apps: the selection is given twice, as mi_apps and as extra_args[{CONFIG_KEY!r}]; "
+                      f"give one of them{' ' + hint if hint else ''}")
 
 
 def _selection(mi_apps) -> tuple[dict, list[dict]]:
