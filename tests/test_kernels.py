@@ -795,6 +795,53 @@ def test_norm_launch_from_plans_matches_reference_interpreter():
     run_interpreted("_norm_launch_plans_check")
 
 
+def _app_free_norm_check(device: str) -> None:
+    """A hosted norm none of whose sites is on in the step (``ops._app_free_norm``: the norm
+    alone) gives each token, bit for bit, what a launch with a site on gives a token on the null
+    slot, for adds, ablations in order, two sites, a site's adds beside its row writes, in float32
+    and bfloat16: an app-off token's values do not depend on whether other requests' apps are on
+    in its step. On CUDA through the op's own path (``_app_free_norm``, which on CPU runs vLLM's
+    norm instead); under the interpreter through the launch it makes."""
+    from types import SimpleNamespace
+
+    from vllm_xmix.ops import _app_free_norm, _norm_launch
+    from vllm_xmix.runtime.variants import SitePlan
+
+    idx = lambda v: torch.tensor(v, dtype=torch.int32, device=device) if v else None  # noqa: E731
+    plan = lambda ents, row, pre=(): SitePlan(  # noqa: E731
+        pre=idx(list(pre)), writes=idx(ents), writes_host=ents, row=row, has_cond=False, reads=None, reads_host=[],
+        req_reads=[], latch_reads=[], latch_idx=None)
+    for dtype in (torch.float32, torch.bfloat16):
+        x0, r0, w, eps, tok_slot, coef, _, kinds, values, vec, _ = make_norm_inputs(
+            16, 300, 3, [0, 1, 1, 0], [], True, dtype, device, seed=11)
+        lay = SimpleNamespace(tok_slot=tok_slot, coef=coef, kinds=torch.tensor(kinds, dtype=torch.int32, device=device),
+                              values=torch.tensor(values, device=device), vectors=vec,
+                              conditions=SimpleNamespace(cond_args=None))
+        st = SimpleNamespace(layout=lay, norm_launches={})
+        null = tok_slot[:16] == 0
+        assert 0 < int(null.sum()) < 16  # both kinds of token in the step
+        fx, fr = x0.clone(), r0.clone()
+        if device == "cuda":
+            _app_free_norm(st, fx, fr, w, eps)
+        else:
+            _norm_launch(st, None, None, True)(fx, fr, w, eps)
+        for p, q in [(plan([0, 3], False), None), (plan([1, 0, 2], True), None),
+                     (plan([1, 0, 2], True), plan([3], False, pre=[0])), (plan([2], True, pre=[3]), None)]:
+            x, r = x0.clone(), r0.clone()
+            _norm_launch(st, p, q, True)(x, r, w, eps)
+            assert not torch.equal(r[~null], fr[~null])  # the writes reached the steered tokens
+            assert torch.equal(r[null], fr[null]) and torch.equal(x[null], fx[null]), (dtype, p.writes_host)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_app_free_norm_equals_a_null_slot_token_of_a_launch_with_writes_cuda():
+    _app_free_norm_check("cuda")
+
+
+def test_app_free_norm_equals_a_null_slot_token_of_a_launch_with_writes_interpreter():
+    run_interpreted("_app_free_norm_check")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_norm_launch_again_matches_reference_cuda():
     _norm_launch_check("cuda")

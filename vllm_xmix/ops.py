@@ -107,8 +107,8 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     (the other half of the stream) and ``residual`` [T, d_model], same dtype, both mutated to the
     norm's outputs (``x`` <- RMSNorm(x + residual) * ``weight`` [d_model], ``residual`` <- the
     stream after the sites' writes); ``eps``: the norm's epsilon. No site of the step's variant
-    on: vLLM's norm (:func:`plain_add_rms_norm`: its compiled kernel on CUDA and on CPU builds
-    that have one).
+    on: the norm alone (:func:`_app_free_norm`: on CUDA the plugin's kernel without writes, on
+    CPU vLLM's norm, :func:`plain_add_rms_norm`).
     Sites on (on CUDA): one kernel applies their writes in order, conditional ones included (the
     gates evaluated inline), and the norm (``kernels.add_rms_norm``: an ``AddRmsNormLaunch`` kept
     per pair of site plans, :func:`_norm_launch`), then the reads of the last
@@ -131,11 +131,11 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     # every step that runs without CUDA graphs, for each norm an app on does not write at
     bare = st.verified and not st.replicas.on
     if bare and not mask:
-        plain_add_rms_norm(x, residual, weight, eps)
+        _app_free_norm(st, x, residual, weight, eps)
         return
     entry = st.site_keys.lookup(weight)  # (sites, their run-mask bits, ...)
     if bare and not mask & entry[1]:
-        plain_add_rms_norm(x, residual, weight, eps)
+        _app_free_norm(st, x, residual, weight, eps)
         return
     plans = []
     for s in entry[0]:
@@ -146,7 +146,10 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
             p = st.variants.site_plan(s, 0)
             if p is not None:
                 plans.append((s, p))
-    if plans and x.is_cuda and HAS_TRITON:
+    if not plans:
+        _app_free_norm(st, x, residual, weight, eps)
+        return
+    if x.is_cuda and HAS_TRITON:
         if len(plans) == 1 or plans[0][1].reads is None:  # one kernel: the sites' writes, then the norm
             p, q = plans[0][1], (plans[1][1] if len(plans) > 1 else None)
             _norm_launch(st, p, q, True)(x, residual, weight, eps)
@@ -164,6 +167,22 @@ def hook_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, ep
     for s, p in plans:
         _apply_plan(st, residual, x, s, p)
     plain_add_rms_norm(x, residual, weight, eps)
+
+
+def _app_free_norm(st, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """A hosted norm none of whose sites is on in the step: the residual add + RMSNorm alone, in
+    place (``x``, ``residual`` [T, d_model]). On CUDA with Triton the plugin's kernel without
+    writes (:func:`_norm_launch` with no plans), the same arithmetic, reduction order included,
+    that a token on the null slot gets where a site is on: an app-off token's values do not
+    depend on whether other requests' apps are on in its step (its graph variant), and where the
+    step runs in CUDA graphs it is the faster kernel at every measured size up to 512 tokens
+    (0.04-1.1 us a launch below vLLM's own on an H100 and an H200, benchmarks/RESULTS.md
+    2026-12-04 and 2026-12-06, ``kernels --kernel norm``: ``xmix_norm`` against ``vllm``).
+    Elsewhere vLLM's norm (:func:`plain_add_rms_norm`)."""
+    if x.is_cuda and HAS_TRITON:
+        _norm_launch(st, None, None, True)(x, residual, weight, eps)
+    else:
+        plain_add_rms_norm(x, residual, weight, eps)
 
 
 #: launches kept per state (``XmixState.norm_launches``) before the cache is emptied (an eager

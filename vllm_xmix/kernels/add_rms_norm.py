@@ -7,10 +7,11 @@ layer) exists only as two tensors that the next norm adds and normalises in one 
     x, residual = norm(x, residual)     # residual <- x + residual; x <- RMSNorm(residual) * weight
 
 With the deployment's ``fused_writes="norm"`` the site's hook op replaces that call
-(``ops.hook_norm_``). In a graph variant where none of the site's apps is on it runs vLLM's own
-fused add + RMSNorm kernel (``torch.ops._C.fused_add_rms_norm``), so steps with apps off add no
-launch there. Where they are on, this kernel applies the writes and the norm in one launch
-instead of a write kernel followed by the norm kernel.
+(``ops.hook_norm_``). Where they are on, this kernel applies the writes and the norm in one
+launch instead of a write kernel followed by the norm kernel. In a graph variant where none of
+the site's apps is on, it runs without writes (``entries`` None: the norm alone, the arithmetic
+a token on the null slot gets where they are on), so steps with apps off add no launch there
+(vLLM's own ``torch.ops._C.fused_add_rms_norm`` on CPU, ``ops.plain_add_rms_norm``).
 
 Semantics, per token ``t`` (``h`` = ``residual[t]``, the tensor the write lands on; ``x[t]``
 the other half of the stream)::
