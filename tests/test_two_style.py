@@ -46,6 +46,13 @@ def captured(two_style):
         with pytest.raises(XmixSpecError, match=r"prompt 1 has 2 tokens, and skip_first=2 leaves none"):
             collect_activations(llm, [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [5, 6]}], skip_first=2)
         assert [a.shape[0] for a in collect_activations(llm, [{"prompt_token_ids": [5, 6, 7]}], skip_first=2)[1]] == [1]
+        # one prompt, or one app name, where a list is expected is refused (a string would run
+        # as one prompt per character, or select an app per character)
+        for bad, kw, what in (("In the beginning", {}, "prompts is one str"),
+                              ({"prompt_token_ids": [5, 6, 7]}, {}, "prompts is one dict"),
+                              (["In the beginning"], {"apps": "st"}, "apps is one str")):
+            with pytest.raises(XmixSpecError, match=f"collect_activations: {what} .*; pass a list"):
+                collect_activations(llm, bad, **kw)
     finally:
         close_llm(llm)
     return acts

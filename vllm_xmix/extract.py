@@ -52,6 +52,12 @@ def capture_app(layers: Sequence[int] | int, hook: str = "hook_resid_post", name
     return app
 
 
+def _short(v) -> str:
+    """``repr(v)`` cut to 40 characters, for an error message."""
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def collect_activations(llm, prompts: Sequence, app: str = "capture", *, skip_first: int = 1,
                         **request) -> dict[int, list[np.ndarray]]:
     """Run ``prompts`` (strings or ``{"prompt_token_ids": [...]}``) through ``llm`` (a
@@ -64,10 +70,16 @@ def collect_activations(llm, prompts: Sequence, app: str = "capture", *, skip_fi
     Raises:
         XmixSpecError: ``app`` returned no capture (not deployed, or not a capture app); a prompt
             of no more than ``skip_first`` tokens (it would give no positions); ``skip_first``
-            not an integer >= 0."""
+            not an integer >= 0; ``prompts`` or ``apps`` one string or one dict rather than a list
+            of them (a string would otherwise run as one prompt per character)."""
     from .sampling_params import SamplingParams
 
-    sel = [app, *request.pop("apps", [])]
+    extra = request.pop("apps", [])
+    for what, v, example in (("prompts", prompts, "[text]"), ("apps", extra, "['name']")):
+        if isinstance(v, (str, bytes, dict)):
+            raise XmixSpecError(f"collect_activations: {what} is one {type(v).__name__} ({_short(v)}); pass a list "
+                                f"of them, e.g. {example}")
+    sel = [app, *extra]
     if request:
         raise TypeError(f"collect_activations: unexpected arguments {sorted(request)}")
     if not isinstance(skip_first, numbers.Integral) or isinstance(skip_first, bool) or skip_first < 0:
