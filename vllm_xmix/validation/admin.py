@@ -82,6 +82,23 @@ def check_key(headers, api_keys) -> None:
         raise AdminError(401, "wrong key")
 
 
+def _structure_change(new: list[dict], old: list[dict]) -> str:
+    """Where a replace's ops (``runtime.updates.app_structure``) first differ from the deployed
+    app's: ``"body.ops: 2 ops where the deployed app has 1"`` or ``"body.ops.0.layers: [2] where
+    the deployed app has [1]"`` (values cut to 60 characters)."""
+    def short(v) -> str:
+        r = json.dumps(v)
+        return r if len(r) <= 60 else r[:57] + "..."
+
+    if len(new) != len(old):
+        return f"body.ops: {len(new)} op(s) where the deployed app has {len(old)}"
+    for i, (a, b) in enumerate(zip(new, old)):
+        for k in list(b) + [k for k in a if k not in b]:
+            if a.get(k) != b.get(k):
+                return f"body.ops.{i}.{k}: {short(a.get(k))} where the deployed app has {short(b.get(k))}"
+    return "body.ops"
+
+
 #: the largest app-change body read (16 MiB: thousands of vectors of a large model as base64)
 MAX_BODY_BYTES = 16 << 20
 
@@ -236,10 +253,11 @@ def prepare_change(vllm_config, action: str, name: str | None, body: dict) -> Ch
         raise AdminError(400, str(e)) from None
     n_layers = text_config(vllm_config.model_config.hf_config).num_hidden_layers
     if action == "replace":
-        if app_structure(app, n_layers) != app_structure(old, n_layers):
-            raise AdminError(400, f"body: a replace keeps app {name!r}'s ops (kinds, hooks, layers, names, "
-                                  "conditions, triggers) and changes parameters only (vector, weight, bias, "
-                                  "value, scale, sigmoid, condition threshold)")
+        new_s, old_s = app_structure(app, n_layers), app_structure(old, n_layers)
+        if new_s != old_s:
+            raise AdminError(400, f"{_structure_change(new_s, old_s)}: a replace keeps app {name!r}'s ops (kinds, "
+                                  "hooks, layers, names, conditions, triggers) and changes parameters only (vector, "
+                                  "weight, bias, value, scale, sigmoid, condition threshold)")
         apps = [app if a.name == name else a for a in dep.apps]
     else:
         _check_reserved(dep, app)
