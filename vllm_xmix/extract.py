@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import reprlib
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -52,12 +53,6 @@ def capture_app(layers: Sequence[int] | int, hook: str = "hook_resid_post", name
     return app
 
 
-def _short(v) -> str:
-    """``repr(v)`` cut to 40 characters, for an error message."""
-    r = repr(v)
-    return r if len(r) <= 40 else r[:37] + "..."
-
-
 def collect_activations(llm, prompts: Sequence, app: str = "capture", *, skip_first: int = 1,
                         **request) -> dict[int, list[np.ndarray]]:
     """Run ``prompts`` (strings or ``{"prompt_token_ids": [...]}``) through ``llm`` (a
@@ -77,7 +72,7 @@ def collect_activations(llm, prompts: Sequence, app: str = "capture", *, skip_fi
     extra = request.pop("apps", [])
     for what, v, example in (("prompts", prompts, "[text]"), ("apps", extra, "['name']")):
         if isinstance(v, (str, bytes, dict)):
-            raise XmixSpecError(f"collect_activations: {what} is one {type(v).__name__} ({_short(v)}); pass a list "
+            raise XmixSpecError(f"collect_activations: {what} is one {type(v).__name__} ({reprlib.repr(v)}); pass a list "
                                 f"of them, e.g. {example}")
     sel = [app, *extra]
     if request:

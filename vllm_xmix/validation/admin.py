@@ -84,8 +84,8 @@ def check_key(headers, api_keys) -> None:
 
 def _structure_change(new: list[dict], old: list[dict]) -> str:
     """Where a replace's ops (``runtime.updates.app_structure``) first differ from the deployed
-    app's: ``"body.ops: 2 ops where the deployed app has 1"`` or ``"body.ops.0.layers: [2] where
-    the deployed app has [1]"`` (values cut to 60 characters)."""
+    app's: ``"body.ops: 2 op(s) where the deployed app has 1"`` or ``"body.ops.0.layers: [2] where
+    the deployed app has [1]"`` (values as JSON, cut to 60 characters); ``"body.ops"`` for equal ops."""
     def short(v) -> str:
         r = json.dumps(v)
         return r if len(r) <= 60 else r[:57] + "..."

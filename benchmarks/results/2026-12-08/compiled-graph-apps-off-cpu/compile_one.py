@@ -6,6 +6,7 @@ and generate 4 tokens; with TORCH_LOGS=output_code the log holds Inductor's outp
 """
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.getcwd())
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -15,7 +16,7 @@ if mode == "plain":
     vllm_xmix.plugin._REGISTERED = True
 from vllm_xmix.tiny import build_tiny_model
 from benchmarks.xmix_bench import common
-m = build_tiny_model("llama", root="/tmp/exp/tiny-llama")
+m = build_tiny_model("llama", root=os.path.join(tempfile.mkdtemp(), "tiny-llama"))
 from vllm import LLM, SamplingParams
 kw = dict(model=m, dtype="float32", max_model_len=256, max_num_seqs=16, seed=0)
 if mode != "plain":
